@@ -1,0 +1,381 @@
+//! Command-line arguments, parsed and validated without I/O (ripgrep's
+//! "low" arguments). Commands resolve them against the database and the
+//! policy registry themselves.
+//!
+//! The names, flags and defaults here are the CLI contract of DESIGN.md:
+//! extend them, never rename them.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// The default database: an SQLite file in the working directory.
+pub(crate) const DEFAULT_DB: &str = "sqlite:redrive.db";
+
+/// redrive: a durable job queue and retry engine for payment workers.
+#[derive(Debug, Parser)]
+#[command(name = "redrive", version, about, propagate_version = true)]
+pub(crate) struct Cli {
+    #[command(flatten)]
+    pub(crate) global: Global,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// Flags every command takes.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct Global {
+    /// Database URL: `sqlite:PATH` (created and migrated on first use) or `postgres://...`.
+    #[arg(long = "db", global = true, env = "REDRIVE_DATABASE_URL", default_value = DEFAULT_DB)]
+    pub(crate) db: String,
+}
+
+/// Every subcommand.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Create or upgrade the database schema.
+    Migrate,
+    /// Add one job to a queue.
+    Enqueue(EnqueueArgs),
+    /// Run workers that claim and run jobs.
+    Work(WorkArgs),
+    /// List jobs.
+    Jobs(JobsArgs),
+    /// Show one job with every attempt.
+    Show(ShowArgs),
+    /// The dead-letter table: list, replay, purge.
+    #[command(subcommand)]
+    Dead(DeadCommand),
+    /// Cancel a job that has not finished.
+    Cancel(CancelArgs),
+    /// Counts per queue and state, and breakers.
+    Stats(JsonArgs),
+    /// Circuit breakers per dependency.
+    Breakers(JsonArgs),
+    /// Retry policies.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+    /// Run the HTTP API, the dashboard and (optionally) workers.
+    Serve(ServeArgs),
+    /// Run the PSP simulator.
+    #[command(name = "psp-sim")]
+    PspSim(PspSimArgs),
+    /// Simulate what a retry policy does to a PSP when many clients fail at once.
+    Simulate(SimulateArgs),
+    /// Run the end-to-end demo against an in-process PSP simulator.
+    Demo(DemoArgs),
+    /// Benchmark the store: bulk enqueue, then drain noop jobs.
+    Bench(BenchArgs),
+}
+
+impl Command {
+    /// The subcommand's name, as typed.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Command::Migrate => "migrate",
+            Command::Enqueue(_) => "enqueue",
+            Command::Work(_) => "work",
+            Command::Jobs(_) => "jobs",
+            Command::Show(_) => "show",
+            Command::Dead(_) => "dead",
+            Command::Cancel(_) => "cancel",
+            Command::Stats(_) => "stats",
+            Command::Breakers(_) => "breakers",
+            Command::Policy(_) => "policy",
+            Command::Serve(_) => "serve",
+            Command::PspSim(_) => "psp-sim",
+            Command::Simulate(_) => "simulate",
+            Command::Demo(_) => "demo",
+            Command::Bench(_) => "bench",
+        }
+    }
+}
+
+/// `--json` alone.
+#[derive(Debug, Args)]
+pub(crate) struct JsonArgs {
+    /// Print one JSON document.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `redrive enqueue`.
+#[derive(Debug, Args)]
+pub(crate) struct EnqueueArgs {
+    /// Queue name.
+    #[arg(long)]
+    pub(crate) queue: String,
+    /// Job kind (e.g. `http`, `noop`, or one of your own).
+    #[arg(long)]
+    pub(crate) kind: String,
+    /// JSON payload, or `@FILE` to read it from a file.
+    #[arg(long)]
+    pub(crate) payload: Option<String>,
+    /// Idempotency key (unique per queue; a repeat returns the existing job).
+    #[arg(long)]
+    pub(crate) key: Option<String>,
+    /// Run after this delay (e.g. `30s`, `5m`).
+    #[arg(long, value_parser = parse_duration, conflicts_with = "run_at")]
+    pub(crate) delay: Option<Duration>,
+    /// Run at this RFC 3339 time.
+    #[arg(long = "run-at", value_parser = parse_rfc3339)]
+    pub(crate) run_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Retry policy name.
+    #[arg(long)]
+    pub(crate) policy: Option<String>,
+    /// Dependency (breaker) name; `http` jobs default to the URL's host.
+    #[arg(long)]
+    pub(crate) dependency: Option<String>,
+    /// Priority: lower runs first.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) priority: Option<i32>,
+    /// Print the job as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `redrive work`.
+#[derive(Debug, Args)]
+pub(crate) struct WorkArgs {
+    /// Queues to work (repeatable); default: every queue.
+    #[arg(long = "queue")]
+    pub(crate) queues: Vec<String>,
+    /// Jobs run at once.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub(crate) concurrency: u32,
+    /// Exit when no job is available or running.
+    #[arg(long = "until-idle")]
+    pub(crate) until_idle: bool,
+    /// Exit after this many jobs finished their attempt.
+    #[arg(long = "max-jobs")]
+    pub(crate) max_jobs: Option<u64>,
+    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9090).
+    #[arg(long = "metrics-addr")]
+    pub(crate) metrics_addr: Option<std::net::SocketAddr>,
+}
+
+/// `redrive jobs`.
+#[derive(Debug, Args)]
+pub(crate) struct JobsArgs {
+    /// Only jobs in this state.
+    #[arg(long)]
+    pub(crate) state: Option<String>,
+    /// Only jobs of this queue.
+    #[arg(long)]
+    pub(crate) queue: Option<String>,
+    /// At most this many jobs.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub(crate) limit: u32,
+    /// Only jobs after this id (keyset pagination).
+    #[arg(long)]
+    pub(crate) after: Option<i64>,
+    /// Print one JSON document.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `redrive show`.
+#[derive(Debug, Args)]
+pub(crate) struct ShowArgs {
+    /// Job id.
+    pub(crate) id: i64,
+    /// Print one JSON document.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `redrive cancel`.
+#[derive(Debug, Args)]
+pub(crate) struct CancelArgs {
+    /// Job id.
+    pub(crate) id: i64,
+}
+
+/// `redrive dead ...`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum DeadCommand {
+    /// List dead jobs.
+    List(DeadListArgs),
+    /// Replay dead jobs: budgets reset, history kept.
+    Replay(DeadSelection),
+    /// Delete dead jobs for good.
+    Purge(DeadSelection),
+}
+
+/// `redrive dead list`.
+#[derive(Debug, Args)]
+pub(crate) struct DeadListArgs {
+    /// Only jobs of this queue.
+    #[arg(long)]
+    pub(crate) queue: Option<String>,
+    /// At most this many jobs.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub(crate) limit: u32,
+    /// Print one JSON document.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// Which dead jobs: ids, or all (optionally of one queue).
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["ids", "all"])))]
+pub(crate) struct DeadSelection {
+    /// Job ids.
+    pub(crate) ids: Vec<i64>,
+    /// Every dead job (of `--queue`, if given).
+    #[arg(long)]
+    pub(crate) all: bool,
+    /// With `--all`: only this queue.
+    #[arg(long, requires = "all")]
+    pub(crate) queue: Option<String>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `redrive policy ...`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum PolicyCommand {
+    /// Print the delays a policy will produce, attempt by attempt.
+    Show(PolicyShowArgs),
+}
+
+/// `redrive policy show`.
+#[derive(Debug, Args)]
+pub(crate) struct PolicyShowArgs {
+    /// A named policy (`payment`, `background`, `classic`, or one from `--file`).
+    pub(crate) name: Option<String>,
+    /// A TOML file of policies; with NAME, the one to show; alone, its only policy.
+    #[arg(long)]
+    pub(crate) file: Option<PathBuf>,
+    /// Base delay (ad-hoc policy).
+    #[arg(long, value_parser = parse_duration)]
+    pub(crate) base: Option<Duration>,
+    /// Delay cap (ad-hoc policy).
+    #[arg(long, value_parser = parse_duration)]
+    pub(crate) cap: Option<Duration>,
+    /// Backoff multiplier (ad-hoc policy).
+    #[arg(long)]
+    pub(crate) multiplier: Option<f64>,
+    /// Jitter: none, full, equal, decorrelated, proportional(F) (ad-hoc policy).
+    #[arg(long)]
+    pub(crate) jitter: Option<String>,
+    /// Maximum attempts (ad-hoc policy).
+    #[arg(long)]
+    pub(crate) attempts: Option<u32>,
+    /// Delays sampled per attempt for the percentiles.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub(crate) samples: u32,
+    /// Seed for the sampled delays.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) seed: u64,
+    /// Print one JSON document.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `redrive serve`.
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub(crate) addr: String,
+    /// Run this many workers in the same process (0: enqueue and show only).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) workers: u32,
+    /// Bearer token every `/v1` call must carry.
+    #[arg(long, env = "REDRIVE_API_TOKEN", hide_env_values = true)]
+    pub(crate) token: Option<String>,
+}
+
+/// `redrive psp-sim`.
+#[derive(Debug, Args)]
+pub(crate) struct PspSimArgs {
+    /// Address to listen on (port 0 picks one and prints it).
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    pub(crate) addr: String,
+    /// Share of requests answered 500/502/503 (0..1).
+    #[arg(long = "error-rate")]
+    pub(crate) error_rate: Option<f64>,
+    /// Beyond this many requests per second, answer 429.
+    #[arg(long = "rate-limit")]
+    pub(crate) rate_limit: Option<f64>,
+    /// Seconds sent as Retry-After with every 429 (omit: no header).
+    #[arg(long = "retry-after")]
+    pub(crate) retry_after: Option<u64>,
+    /// Outage window START+LENGTH, e.g. `5s+5s`: every request in it gets 503.
+    #[arg(long)]
+    pub(crate) outage: Option<String>,
+    /// Latency added to every answer.
+    #[arg(long, value_parser = parse_duration)]
+    pub(crate) latency: Option<Duration>,
+    /// Share of charges whose answer is delayed past any client timeout.
+    #[arg(long = "timeout-after-commit")]
+    pub(crate) timeout_after_commit: Option<f64>,
+    /// Seed that makes the faults reproducible.
+    #[arg(long)]
+    pub(crate) seed: Option<u64>,
+}
+
+/// `redrive simulate`.
+#[derive(Debug, Args)]
+pub(crate) struct SimulateArgs {
+    /// Model: `occ` (optimistic concurrency, the AWS blog's) or `capacity` (a PSP with a rate limit).
+    #[arg(long, default_value = "occ")]
+    pub(crate) model: String,
+    /// Clients: one number, or a comma-separated sweep (`10,20,50`).
+    #[arg(long, default_value = "100")]
+    pub(crate) clients: String,
+    /// Strategies to compare (repeatable); default: all.
+    #[arg(long = "strategy")]
+    pub(crate) strategies: Vec<String>,
+    /// Seeded runs averaged per cell.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) runs: u32,
+    /// Seed of the first run.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) seed: u64,
+    /// Write the results as CSV to this file.
+    #[arg(long)]
+    pub(crate) csv: Option<PathBuf>,
+    /// Write a chart to this file (`.svg` or `.png`).
+    #[arg(long)]
+    pub(crate) plot: Option<PathBuf>,
+    /// Print one JSON document.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `redrive demo`.
+#[derive(Debug, Args)]
+pub(crate) struct DemoArgs {
+    /// Keep the dashboard up afterwards.
+    #[arg(long)]
+    pub(crate) serve: bool,
+}
+
+/// `redrive bench`.
+#[derive(Debug, Args)]
+pub(crate) struct BenchArgs {
+    /// Jobs enqueued and drained per run.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) jobs: u64,
+    /// Drain concurrency (repeatable); default: 1, 8 and 64.
+    #[arg(long)]
+    pub(crate) concurrency: Vec<u32>,
+    /// Print one JSON document.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// Parses `250ms`, `30s`, `5m`, `1h` into a [`Duration`].
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    redrive_policy::parse_duration(s).map_err(|e| e.to_string())
+}
+
+fn parse_rfc3339(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    chrono::DateTime::parse_from_rfc3339(s)
+        .map(|t| t.with_timezone(&chrono::Utc))
+        .map_err(|e| format!("expected an RFC 3339 time like 2026-12-02T10:00:00Z: {e}"))
+}

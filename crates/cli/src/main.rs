@@ -1,0 +1,64 @@
+//! The `redrive` binary: the queue, the workers, the service, the PSP
+//! simulator and the tuning tools, behind one command.
+//!
+//! Exit codes: 0 on success, 2 on a usage error, 1 on any other error, with a
+//! one-line message on stderr.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+mod args;
+mod cmd;
+mod error;
+
+use args::{Cli, Command};
+use error::UsageError;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // clap prints help/version to stdout (exit 0) and errors to stderr (exit 2).
+            let code = e.exit_code();
+            let _ = e.print();
+            return ExitCode::from(code as u8);
+        }
+    };
+    match run(cli) {
+        Ok(code) => code,
+        Err(err) => {
+            let usage = err.downcast_ref::<UsageError>().is_some();
+            eprintln!("redrive: {}", one_line(&err));
+            if usage {
+                ExitCode::from(2)
+            } else {
+                ExitCode::from(1)
+            }
+        }
+    }
+}
+
+/// The error and its causes on one line, each cause printed once.
+fn one_line(err: &anyhow::Error) -> String {
+    let mut out = err.to_string();
+    for cause in err.chain().skip(1) {
+        let c = cause.to_string();
+        if !out.contains(&c) {
+            out.push_str(": ");
+            out.push_str(&c);
+        }
+    }
+    out.replace('\n', " ")
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let global = cli.global;
+    match cli.command {
+        Command::Policy(cmd) => cmd::policy::run(&global, cmd),
+        other => Err(anyhow::anyhow!(
+            "`redrive {}` is not available in this build yet",
+            other.name()
+        )),
+    }
+}

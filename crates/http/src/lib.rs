@@ -1,0 +1,1 @@
+//! Outbound HTTP jobs and the server-side idempotency layer for redrive

@@ -1,0 +1,1 @@
+//! redrive serve: the HTTP API, dashboard and metrics

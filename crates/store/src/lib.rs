@@ -1,0 +1,1 @@
+//! Durable job storage for redrive: SQLite and PostgreSQL backends with leases and fencing
