@@ -29,6 +29,9 @@ pub(crate) struct Global {
     /// Database URL: `sqlite:PATH` (created and migrated on first use) or `postgres://...`.
     #[arg(long = "db", global = true, env = "REDRIVE_DATABASE_URL", default_value = DEFAULT_DB)]
     pub(crate) db: String,
+    /// A TOML file of retry policies and breaker settings (added to the built-in presets).
+    #[arg(long = "policies", global = true, env = "REDRIVE_POLICIES")]
+    pub(crate) policies: Option<PathBuf>,
 }
 
 /// Every subcommand.

@@ -11,6 +11,7 @@ use clap::Parser;
 mod args;
 mod cmd;
 mod error;
+mod policies;
 
 use args::{Cli, Command};
 use error::UsageError;

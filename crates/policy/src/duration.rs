@@ -52,7 +52,7 @@ pub fn format_duration(d: Duration) -> String {
     }
     if ms < 60_000 {
         let s = d.as_secs_f64();
-        return if ms % 1_000 == 0 {
+        return if ms.is_multiple_of(1_000) {
             format!("{}s", ms / 1_000)
         } else {
             format!("{s:.1}s")
@@ -83,7 +83,10 @@ mod tests {
         assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
         assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
         assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
-        assert_eq!(parse_duration(" 1h 30m ").unwrap(), Duration::from_secs(5400));
+        assert_eq!(
+            parse_duration(" 1h 30m ").unwrap(),
+            Duration::from_secs(5400)
+        );
     }
 
     #[test]

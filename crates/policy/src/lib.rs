@@ -1,16 +1,66 @@
 //! Pure decisions for redrive: backoff, jitter, failure classes, `Retry-After`,
-//! budgets, the retry-or-defer-or-dead decision, and the circuit breaker.
+//! budgets, the retry-or-defer-or-dead decision, the circuit breaker and the
+//! retry budget.
 //!
 //! Nothing here does I/O, sleeps or reads a clock: time and randomness are
-//! passed in, so every decision can be tested to the millisecond.
+//! passed in (a [`Timestamp`] and any [`rand::Rng`]), so every decision can be
+//! tested to the millisecond.
+//!
+//! ```
+//! use std::time::Duration;
+//! use chrono::Utc;
+//! use rand::{SeedableRng, rngs::SmallRng};
+//! use redrive_policy::{Action, JobCounters, Outcome, RetryPolicy, StatusTable};
+//!
+//! let policy = RetryPolicy::payment();
+//! let mut rng = SmallRng::seed_from_u64(42);
+//!
+//! // A 503 from the PSP, first attempt: retry in process after a jittered 0–200 ms.
+//! let outcome = StatusTable::default().outcome(503, None);
+//! let verdict = policy.decide(&JobCounters::default(), &outcome, Utc::now(), &mut rng);
+//! match verdict.action {
+//!     Action::RetryInProcess { delay, .. } => assert!(delay <= Duration::from_millis(200)),
+//!     other => panic!("unexpected {other:?}"),
+//! }
+//! // The caller stores `verdict.counters` with the attempt before it waits.
+//! assert_eq!(verdict.counters.attempts, 1);
+//! ```
 
-mod reason;
-
-pub use reason::{DeadReason, DeferReason, FailureClass, ParseNameError, RetryMode};
-
-/// The wall-clock instant used throughout redrive (UTC, millisecond precision in storage).
-pub type Timestamp = chrono::DateTime<chrono::Utc>;
-
+mod backoff;
+mod breaker;
+mod budget;
 mod duration;
+mod error;
+mod explain;
+mod file;
+mod jitter;
+mod outcome;
+mod policy;
+mod reason;
+mod retry_after;
 
+pub use backoff::{
+    Backoff, DEFAULT_BASE, DEFAULT_CAP, DEFAULT_MULTIPLIER, ExponentialBuilder, MAX_CAP,
+    MAX_MULTIPLIER, MAX_SCHEDULE_LEN,
+};
+pub use breaker::{
+    Admission, BreakerConfig, BreakerConfigBuilder, BreakerMode, BreakerState, CallResult,
+    CircuitBreaker, SharedBreaker, Transition, TransitionReason, Window,
+};
+pub use budget::{RetryBudget, RetryBudgetBuilder};
 pub use duration::{ParseDurationError, format_duration, parse_duration};
+pub use error::PolicyError;
+pub use explain::{ExplainRow, Explanation, explain};
+pub use file::PolicySet;
+pub use jitter::{Jitter, MAX_PROPORTIONAL_FACTOR};
+pub use outcome::{Outcome, StatusTable};
+pub use policy::{
+    Action, DEFAULT_BLOCKED_JITTER, DEFAULT_IN_PROCESS_MAX_WAIT, DEFAULT_RETRY_AFTER_MAX,
+    DeferPhase, DelaySource, JobCounters, MAX_ATTEMPTS_LIMIT, MAX_DEADLINE, MAX_DEFERS_LIMIT,
+    MAX_IN_PROCESS_MAX_WAIT, RetryPhase, RetryPolicy, RetryPolicyBuilder, Verdict,
+};
+pub use reason::{DeadReason, DeferReason, FailureClass, ParseNameError, RetryMode};
+pub use retry_after::{RetryAfterError, parse_retry_after, retry_after_clamped};
+
+/// The wall-clock instant used throughout redrive (UTC; stored with millisecond precision).
+pub type Timestamp = chrono::DateTime<chrono::Utc>;

@@ -1,0 +1,716 @@
+//! Policies and breakers from a TOML file.
+//!
+//! ```toml
+//! # Start from a preset and change what differs.
+//! [policy.checkout]
+//! extends = "payment"
+//! max_exceptions = 3
+//! deadline = "2h"
+//!
+//! [policy.checkout.retry]
+//! base = "100ms"
+//! cap = "10s"
+//! jitter = "decorrelated"
+//! max_attempts = 8
+//! window = "2m"
+//! in_process_max_wait = "5s"
+//!
+//! [policy.checkout.defer]
+//! schedule = ["1m", "10m", "1h"]
+//! jitter = "proportional(0.2)"
+//!
+//! [policy.checkout.status]
+//! 409 = "infrastructure"
+//!
+//! [policy.reports.retry]
+//! backoff = "schedule"
+//! schedule = ["1s", "5s", "30s"]
+//! max_attempts = 4
+//!
+//! [breaker.default]
+//! window_calls = 50
+//! failure_rate = 0.5
+//! minimum_calls = 20
+//! open_cooldown = "10s"
+//! half_open_probes = 3
+//!
+//! [breaker."api.psp.example"]
+//! window_time = "30s"
+//! open_cooldown = "30s"
+//! ```
+//!
+//! Every invalid field is refused with its dotted path, its value and the
+//! allowed range (`invalid policy.checkout.retry.base = 0s: must be above 0s
+//! ...`); unknown fields are refused by name.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::backoff::{Backoff, ExponentialBuilder};
+use crate::breaker::{BreakerConfig, BreakerConfigBuilder, Window};
+use crate::error::PolicyError;
+use crate::jitter::Jitter;
+use crate::outcome::StatusTable;
+use crate::policy::{DeferPhase, RetryPolicy};
+use crate::{FailureClass, parse_duration};
+
+/// The policies and breaker settings a deployment knows: the built-in presets plus those of an
+/// optional TOML file (a file's policy of the same name replaces the preset).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicySet {
+    policies: BTreeMap<String, RetryPolicy>,
+    breakers: BTreeMap<String, BreakerConfig>,
+}
+
+impl Default for PolicySet {
+    fn default() -> Self {
+        Self::builtin()
+    }
+}
+
+impl PolicySet {
+    /// The name of the policy used when a job names none.
+    pub const DEFAULT_POLICY: &'static str = "payment";
+
+    /// The presets `payment`, `background` and `classic`, and the default breaker.
+    pub fn builtin() -> Self {
+        let policies = RetryPolicy::PRESETS
+            .iter()
+            .filter_map(|n| RetryPolicy::preset(n))
+            .map(|p| (p.name.clone(), p))
+            .collect();
+        Self {
+            policies,
+            breakers: BTreeMap::new(),
+        }
+    }
+
+    /// The presets plus the policies and breakers of a TOML document.
+    ///
+    /// # Errors
+    /// [`PolicyError::Toml`] for a syntax error or an unknown field, [`PolicyError::InvalidField`]
+    /// for a value out of range (with the dotted path of the field).
+    pub fn from_toml(text: &str) -> Result<Self, PolicyError> {
+        let raw: RawFile = toml::from_str(text).map_err(|e| PolicyError::Toml {
+            message: e.to_string().trim().replace('\n', " "),
+        })?;
+        let mut set = Self::builtin();
+        for (name, rp) in raw.policy {
+            let prefix = format!("policy.{name}");
+            let p = rp.into_policy(&name, &set).map_err(|e| e.within(&prefix))?;
+            p.validate().map_err(|e| e.within(&prefix))?;
+            set.policies.insert(name, p);
+        }
+        for (name, rb) in raw.breaker {
+            let prefix = format!("breaker.{name}");
+            let c = rb.into_config().map_err(|e| e.within(&prefix))?;
+            set.breakers.insert(name, c);
+        }
+        Ok(set)
+    }
+
+    /// Adds or replaces a policy.
+    pub fn insert(&mut self, policy: RetryPolicy) {
+        self.policies.insert(policy.name.clone(), policy);
+    }
+
+    /// Sets the breaker configuration of a dependency (`default` for all others).
+    pub fn insert_breaker(&mut self, dependency: impl Into<String>, config: BreakerConfig) {
+        self.breakers.insert(dependency.into(), config);
+    }
+
+    /// The policy of that name.
+    ///
+    /// # Errors
+    /// [`PolicyError::UnknownPolicy`] listing the known names.
+    pub fn get(&self, name: &str) -> Result<&RetryPolicy, PolicyError> {
+        self.policies
+            .get(name)
+            .ok_or_else(|| PolicyError::UnknownPolicy {
+                name: name.to_owned(),
+                known: self.names().collect::<Vec<_>>().join(", "),
+            })
+    }
+
+    /// The known policy names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.policies.keys().map(String::as_str)
+    }
+
+    /// Every policy.
+    pub fn policies(&self) -> impl Iterator<Item = &RetryPolicy> {
+        self.policies.values()
+    }
+
+    /// The breaker configuration of a dependency: its own section, else `[breaker.default]`,
+    /// else the built-in default.
+    pub fn breaker(&self, dependency: &str) -> BreakerConfig {
+        self.breakers
+            .get(dependency)
+            .or_else(|| self.breakers.get("default"))
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+// ===== raw TOML =====
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    #[serde(default)]
+    policy: BTreeMap<String, RawPolicy>,
+    #[serde(default)]
+    breaker: BTreeMap<String, RawBreaker>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    extends: Option<String>,
+    retry: Option<RawRetry>,
+    defer: Option<RawDefer>,
+    max_exceptions: Option<i64>,
+    deadline: Option<String>,
+    blocked_jitter: Option<String>,
+    status: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRetry {
+    backoff: Option<String>,
+    base: Option<String>,
+    multiplier: Option<f64>,
+    cap: Option<String>,
+    delay: Option<String>,
+    schedule: Option<Vec<String>>,
+    jitter: Option<String>,
+    max_attempts: Option<i64>,
+    window: Option<String>,
+    in_process_max_wait: Option<String>,
+    retry_after_max: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDefer {
+    schedule: Vec<String>,
+    jitter: Option<String>,
+    max_defers: Option<i64>,
+    cap: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBreaker {
+    window_calls: Option<i64>,
+    window_time: Option<String>,
+    failure_rate: Option<f64>,
+    minimum_calls: Option<i64>,
+    slow_call_duration: Option<String>,
+    slow_call_rate: Option<f64>,
+    open_cooldown: Option<String>,
+    cooldown_multiplier: Option<f64>,
+    cooldown_max: Option<String>,
+    cooldown_jitter: Option<f64>,
+    half_open_probes: Option<i64>,
+    half_open_timeout: Option<String>,
+    failure_classes: Option<Vec<String>>,
+    ignored_classes: Option<Vec<String>>,
+}
+
+fn dur(field: &str, s: &str) -> Result<Duration, PolicyError> {
+    parse_duration(s).map_err(|e| PolicyError::invalid(field, format!("{s:?}"), e.reason))
+}
+
+fn count(field: &str, v: i64, lo: i64, hi: i64) -> Result<u32, PolicyError> {
+    if v < lo || v > hi {
+        return Err(PolicyError::invalid(
+            field,
+            v.to_string(),
+            format!("from {lo} to {hi}"),
+        ));
+    }
+    Ok(v as u32)
+}
+
+fn jitter(field: &str, s: &str) -> Result<Jitter, PolicyError> {
+    s.parse::<Jitter>().map_err(|e| match e {
+        PolicyError::InvalidField { value, allowed, .. } => {
+            PolicyError::invalid(field, value, allowed)
+        }
+        other => other,
+    })
+}
+
+fn classes(field: &str, names: &[String]) -> Result<Vec<FailureClass>, PolicyError> {
+    names
+        .iter()
+        .map(|n| {
+            n.parse::<FailureClass>().map_err(|e| {
+                PolicyError::invalid(
+                    field,
+                    format!("{n:?}"),
+                    format!("one of {}", e.expected.trim_end_matches(", ")),
+                )
+            })
+        })
+        .collect()
+}
+
+impl RawPolicy {
+    fn into_policy(self, name: &str, known: &PolicySet) -> Result<RetryPolicy, PolicyError> {
+        let mut p = match &self.extends {
+            Some(base) => {
+                let mut p = known
+                    .get(base)
+                    .map_err(|_| {
+                        PolicyError::invalid(
+                            "extends",
+                            format!("{base:?}"),
+                            format!(
+                                "a preset or an earlier policy: {}",
+                                known.names().collect::<Vec<_>>().join(", ")
+                            ),
+                        )
+                    })?
+                    .clone();
+                p.name = name.to_owned();
+                p
+            }
+            None => RetryPolicy::builder(name).build_unchecked(),
+        };
+        if let Some(r) = self.retry {
+            r.apply(&mut p)?;
+        }
+        if let Some(d) = self.defer {
+            let mut delays = Vec::with_capacity(d.schedule.len());
+            for (i, s) in d.schedule.iter().enumerate() {
+                delays.push(dur(&format!("defer.schedule[{i}]"), s)?);
+            }
+            if delays.is_empty() {
+                return Err(PolicyError::invalid(
+                    "defer.schedule",
+                    "[]",
+                    "at least one delay",
+                ));
+            }
+            let longest = delays.iter().copied().max().unwrap_or_default();
+            let cap = match &d.cap {
+                Some(c) => dur("defer.cap", c)?,
+                None => longest
+                    .mul_f64(1.5)
+                    .min(crate::MAX_CAP)
+                    .max(longest.min(crate::MAX_CAP)),
+            };
+            let n = delays.len() as i64;
+            let schedule = Backoff::schedule(delays, cap).map_err(|e| e.within("defer"))?;
+            p.defer = Some(DeferPhase {
+                schedule,
+                jitter: match &d.jitter {
+                    Some(j) => jitter("defer.jitter", j)?,
+                    None => Jitter::Proportional(0.2),
+                },
+                max_defers: count("defer.max_defers", d.max_defers.unwrap_or(n), 1, 1000)?,
+            });
+        }
+        if let Some(m) = self.max_exceptions {
+            p.max_exceptions = Some(count("max_exceptions", m, 1, 1000)?);
+        }
+        if let Some(d) = &self.deadline {
+            p.deadline = if d == "none" {
+                None
+            } else {
+                Some(dur("deadline", d)?)
+            };
+        }
+        if let Some(d) = &self.blocked_jitter {
+            p.blocked_jitter = dur("blocked_jitter", d)?;
+        }
+        if let Some(table) = self.status {
+            let mut st = StatusTable::new();
+            for (k, v) in table {
+                let field = format!("status.{k}");
+                let code: u16 = k.parse().map_err(|_| {
+                    PolicyError::invalid(&field, format!("{k:?}"), "an HTTP status from 100 to 599")
+                })?;
+                let class = v.parse::<FailureClass>().map_err(|e| {
+                    PolicyError::invalid(
+                        &field,
+                        format!("{v:?}"),
+                        format!("one of {}", e.expected.trim_end_matches(", ")),
+                    )
+                })?;
+                st = st.with_override(code, class).map_err(|_| {
+                    PolicyError::invalid(&field, k.clone(), "an HTTP status from 100 to 599")
+                })?;
+            }
+            p.status = st;
+        }
+        Ok(p)
+    }
+}
+
+impl RawRetry {
+    fn apply(self, p: &mut RetryPolicy) -> Result<(), PolicyError> {
+        let r = &mut p.retry;
+        let kind = match (&self.backoff, &self.schedule, &self.delay) {
+            (Some(k), _, _) => k.clone(),
+            (None, Some(_), _) => "schedule".into(),
+            (None, None, Some(_)) => "constant".into(),
+            (None, None, None) => match r.backoff {
+                Backoff::Exponential { .. } => "exponential".into(),
+                Backoff::Schedule { .. } => "schedule".into(),
+                Backoff::Constant { .. } => "constant".into(),
+            },
+        };
+        let old_cap = r.backoff.cap();
+        let cap = match &self.cap {
+            Some(c) => Some(dur("retry.cap", c)?),
+            None => None,
+        };
+        r.backoff = match kind.as_str() {
+            "exponential" => {
+                let (b0, m0) = match r.backoff {
+                    Backoff::Exponential {
+                        base, multiplier, ..
+                    } => (base, multiplier),
+                    _ => (crate::DEFAULT_BASE, crate::DEFAULT_MULTIPLIER),
+                };
+                let base = match &self.base {
+                    Some(b) => dur("retry.base", b)?,
+                    None => b0,
+                };
+                ExponentialBuilder::new()
+                    .with_base(base)
+                    .with_multiplier(self.multiplier.unwrap_or(m0))
+                    .with_cap(cap.unwrap_or(old_cap))
+                    .build()
+                    .map_err(|e| e.within("retry"))?
+            }
+            "schedule" => {
+                let list = self.schedule.as_ref().ok_or_else(|| {
+                    PolicyError::invalid(
+                        "retry.schedule",
+                        "missing",
+                        "a list of delays with backoff = \"schedule\"",
+                    )
+                })?;
+                let mut delays = Vec::with_capacity(list.len());
+                for (i, s) in list.iter().enumerate() {
+                    delays.push(dur(&format!("retry.schedule[{i}]"), s)?);
+                }
+                let cap = cap.unwrap_or_else(|| {
+                    delays
+                        .iter()
+                        .copied()
+                        .max()
+                        .unwrap_or(old_cap)
+                        .min(crate::MAX_CAP)
+                });
+                Backoff::schedule(delays, cap).map_err(|e| e.within("retry"))?
+            }
+            "constant" => {
+                let d = self.delay.as_ref().ok_or_else(|| {
+                    PolicyError::invalid(
+                        "retry.delay",
+                        "missing",
+                        "a delay with backoff = \"constant\"",
+                    )
+                })?;
+                Backoff::constant(dur("retry.delay", d)?).map_err(|e| e.within("retry"))?
+            }
+            other => {
+                return Err(PolicyError::invalid(
+                    "retry.backoff",
+                    format!("{other:?}"),
+                    "one of exponential, schedule, constant",
+                ));
+            }
+        };
+        if let Some(j) = &self.jitter {
+            r.jitter = jitter("retry.jitter", j)?;
+        }
+        if let Some(n) = self.max_attempts {
+            r.max_attempts = count(
+                "retry.max_attempts",
+                n,
+                1,
+                i64::from(crate::MAX_ATTEMPTS_LIMIT),
+            )?;
+        }
+        if let Some(w) = &self.window {
+            r.window = if w == "none" {
+                None
+            } else {
+                Some(dur("retry.window", w)?)
+            };
+        }
+        if let Some(d) = &self.in_process_max_wait {
+            r.in_process_max_wait = dur("retry.in_process_max_wait", d)?;
+        }
+        if let Some(d) = &self.retry_after_max {
+            r.retry_after_max = dur("retry.retry_after_max", d)?;
+        }
+        Ok(())
+    }
+}
+
+impl RawBreaker {
+    fn into_config(self) -> Result<BreakerConfig, PolicyError> {
+        let mut b = BreakerConfigBuilder::new();
+        match (self.window_calls, &self.window_time) {
+            (Some(_), Some(_)) => {
+                return Err(PolicyError::invalid(
+                    "window_time",
+                    "set together with window_calls",
+                    "only one of window_calls and window_time",
+                ));
+            }
+            (Some(n), None) => {
+                b = b.with_window(Window::Count {
+                    size: count("window_calls", n, 1, 10_000)?,
+                })
+            }
+            (None, Some(t)) => {
+                b = b.with_window(Window::Time {
+                    length: dur("window_time", t)?,
+                })
+            }
+            (None, None) => {}
+        }
+        if let Some(r) = self.failure_rate {
+            b = b.with_failure_rate(r);
+        }
+        if let Some(n) = self.minimum_calls {
+            b = b.with_minimum_calls(count("minimum_calls", n, 1, 100_000)?);
+        }
+        if let Some(d) = &self.slow_call_duration {
+            b = b.with_slow_calls(
+                dur("slow_call_duration", d)?,
+                self.slow_call_rate.unwrap_or(1.0),
+            );
+        } else if self.slow_call_rate.is_some() {
+            return Err(PolicyError::invalid(
+                "slow_call_rate",
+                "set without slow_call_duration",
+                "set together with slow_call_duration",
+            ));
+        }
+        let cooldown = self
+            .open_cooldown
+            .as_deref()
+            .map(|d| dur("open_cooldown", d))
+            .transpose()?;
+        let max = self
+            .cooldown_max
+            .as_deref()
+            .map(|d| dur("cooldown_max", d))
+            .transpose()?;
+        if let Some(c) = cooldown {
+            b = b.with_open_cooldown(c);
+            if max.is_none() {
+                // Keep the default growth room above a longer first cool-down.
+                b = b.with_cooldown_max(c.max(Duration::from_secs(300)));
+            }
+        }
+        if let Some(m) = max {
+            b = b.with_cooldown_max(m);
+        }
+        if let Some(m) = self.cooldown_multiplier {
+            b = b.with_cooldown_multiplier(m);
+        }
+        if let Some(j) = self.cooldown_jitter {
+            b = b.with_cooldown_jitter(j);
+        }
+        if let Some(n) = self.half_open_probes {
+            b = b.with_half_open_probes(count("half_open_probes", n, 1, 1000)?);
+        }
+        if let Some(d) = &self.half_open_timeout {
+            b = b.with_half_open_timeout(dur("half_open_timeout", d)?);
+        }
+        if let Some(c) = &self.failure_classes {
+            b = b.with_failure_classes(&classes("failure_classes", c)?);
+        }
+        if let Some(c) = &self.ignored_classes {
+            b = b.with_ignored_classes(&classes("ignored_classes", c)?);
+        }
+        b.build()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = r#"
+[policy.checkout]
+extends = "payment"
+max_exceptions = 3
+deadline = "2h"
+
+[policy.checkout.retry]
+base = "100ms"
+cap = "10s"
+jitter = "decorrelated"
+max_attempts = 8
+window = "2m"
+in_process_max_wait = "5s"
+
+[policy.checkout.defer]
+schedule = ["1m", "10m", "1h"]
+jitter = "proportional(0.2)"
+
+[policy.checkout.status]
+409 = "infrastructure"
+
+[policy.reports.retry]
+backoff = "schedule"
+schedule = ["1s", "5s", "30s"]
+max_attempts = 4
+
+[breaker.default]
+window_calls = 50
+failure_rate = 0.5
+minimum_calls = 20
+open_cooldown = "10s"
+half_open_probes = 3
+
+[breaker."api.psp.example"]
+window_time = "30s"
+open_cooldown = "30s"
+"#;
+
+    #[test]
+    fn the_documented_example_loads() {
+        let set = PolicySet::from_toml(EXAMPLE).unwrap();
+        let c = set.get("checkout").unwrap();
+        assert_eq!(c.retry.max_attempts, 8);
+        assert_eq!(c.retry.jitter, Jitter::Decorrelated);
+        assert_eq!(c.retry.backoff.nominal(0), Duration::from_millis(100));
+        assert_eq!(c.retry.backoff.cap(), Duration::from_secs(10));
+        assert_eq!(c.retry.window, Some(Duration::from_secs(120)));
+        assert_eq!(c.max_exceptions, Some(3));
+        assert_eq!(c.deadline, Some(Duration::from_secs(7200)));
+        assert_eq!(c.defer.as_ref().unwrap().max_defers, 3);
+        assert_eq!(c.status.classify(409, false), FailureClass::Infrastructure);
+        let r = set.get("reports").unwrap();
+        assert_eq!(r.retry.backoff.nominal(2), Duration::from_secs(30));
+        assert_eq!(r.retry.max_attempts, 4);
+        // presets are still there
+        assert!(set.get("payment").is_ok());
+        assert_eq!(
+            set.breaker("api.psp.example").window,
+            Window::Time {
+                length: Duration::from_secs(30)
+            }
+        );
+        assert_eq!(set.breaker("other").window, Window::Count { size: 50 });
+    }
+
+    fn err(toml: &str) -> String {
+        PolicySet::from_toml(toml).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn every_bad_field_is_named_with_its_value_and_range() {
+        let cases = [
+            ("[policy.x.retry]\nbase = \"0s\"", "policy.x.retry.base"),
+            (
+                "[policy.x.retry]\nbase = \"fast\"",
+                "policy.x.retry.base = \"fast\"",
+            ),
+            (
+                "[policy.x.retry]\nmultiplier = 0.5",
+                "policy.x.retry.multiplier = 0.5",
+            ),
+            (
+                "[policy.x.retry]\nmax_attempts = 0",
+                "policy.x.retry.max_attempts = 0: must be from 1 to 1000",
+            ),
+            (
+                "[policy.x.retry]\nmax_attempts = -3",
+                "policy.x.retry.max_attempts = -3",
+            ),
+            (
+                "[policy.x.retry]\njitter = \"loud\"",
+                "policy.x.retry.jitter = \"loud\"",
+            ),
+            (
+                "[policy.x.retry]\nbackoff = \"linear\"",
+                "policy.x.retry.backoff = \"linear\"",
+            ),
+            (
+                "[policy.x.retry]\nin_process_max_wait = \"1h\"",
+                "policy.x.retry.in_process_max_wait = 1h",
+            ),
+            (
+                "[policy.x.retry]\nschedule = [\"1s\", \"0s\"]",
+                "policy.x.retry.schedule[1]",
+            ),
+            (
+                "[policy.x.retry]\nschedule = [\"1s\", \"soon\"]",
+                "policy.x.retry.schedule[1] = \"soon\"",
+            ),
+            ("[policy.x.defer]\nschedule = []", "policy.x.defer.schedule"),
+            (
+                "[policy.x.defer]\nschedule = [\"1m\"]\nmax_defers = 0",
+                "policy.x.defer.max_defers = 0",
+            ),
+            (
+                "[policy.x]\nmax_exceptions = 0",
+                "policy.x.max_exceptions = 0",
+            ),
+            (
+                "[policy.x]\nextends = \"nope\"",
+                "policy.x.extends = \"nope\"",
+            ),
+            (
+                "[policy.x.status]\n700 = \"permanent\"",
+                "policy.x.status.700",
+            ),
+            (
+                "[policy.x.status]\n409 = \"maybe\"",
+                "policy.x.status.409 = \"maybe\"",
+            ),
+            (
+                "[breaker.default]\nfailure_rate = 2.0",
+                "breaker.default.failure_rate = 2",
+            ),
+            (
+                "[breaker.default]\nwindow_calls = 0",
+                "breaker.default.window_calls = 0",
+            ),
+            (
+                "[breaker.default]\nfailure_classes = [\"oops\"]",
+                "breaker.default.failure_classes = \"oops\"",
+            ),
+        ];
+        for (toml, want) in cases {
+            let e = err(toml);
+            assert!(e.contains(want), "{toml:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn unknown_fields_and_syntax_errors_are_refused() {
+        let e = err("[policy.x.retry]\nbsae = \"1s\"");
+        assert!(e.contains("bsae"), "{e}");
+        let e = err("[policy.x\n");
+        assert!(e.contains("invalid policy file"), "{e}");
+        let e = err("[polcy.x]");
+        assert!(e.contains("polcy"), "{e}");
+    }
+
+    #[test]
+    fn unknown_policy_lists_the_known() {
+        let e = PolicySet::builtin().get("premium").unwrap_err().to_string();
+        assert!(
+            e.contains("premium") && e.contains("payment") && e.contains("classic"),
+            "{e}"
+        );
+    }
+}

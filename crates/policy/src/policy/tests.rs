@@ -1,0 +1,609 @@
+//! The decision table, row by row, and its invariants.
+
+use super::*;
+use chrono::{TimeZone, Utc};
+use proptest::prelude::*;
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+
+fn t0() -> Timestamp {
+    Utc.with_ymd_and_hms(2026, 12, 2, 12, 0, 0).unwrap()
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+fn rng() -> SmallRng {
+    SmallRng::seed_from_u64(7)
+}
+
+/// A jitter-free policy so delays are exact.
+fn exact() -> RetryPolicy {
+    RetryPolicy::builder("exact")
+        .with_backoff(
+            ExponentialBuilder::new()
+                .with_base(secs(1))
+                .with_multiplier(2.0)
+                .with_cap(secs(60))
+                .build()
+                .unwrap(),
+        )
+        .with_jitter(Jitter::None)
+        .with_max_attempts(5)
+        .with_window(secs(600))
+        .with_in_process_max_wait(secs(10))
+        .with_max_exceptions(3)
+        .build()
+        .unwrap()
+}
+
+fn after(n: u32) -> JobCounters {
+    JobCounters {
+        attempts: n,
+        first_attempt_at: Some(t0()),
+        ..Default::default()
+    }
+}
+
+fn infra() -> Outcome {
+    Outcome::Infrastructure { retry_after: None }
+}
+
+#[test]
+fn success_is_done() {
+    let v = exact().decide(&after(2), &Outcome::Success, t0(), &mut rng());
+    assert_eq!(v.action, Action::Done);
+    assert_eq!(v.counters.attempts, 3);
+    assert!(v.counted);
+}
+
+#[test]
+fn permanent_is_dead_at_once() {
+    let v = exact().decide(&after(0), &Outcome::Permanent, t0(), &mut rng());
+    assert_eq!(
+        v.action,
+        Action::Dead {
+            reason: DeadReason::Permanent
+        }
+    );
+    assert_eq!(v.counters.attempts, 1);
+}
+
+#[test]
+fn first_401_refreshes_without_counting_second_is_final() {
+    let p = exact();
+    let v = p.decide(&after(4), &Outcome::Auth, t0(), &mut rng());
+    assert_eq!(v.action, Action::RefreshCredentials);
+    assert!(!v.counted);
+    assert_eq!(
+        v.counters.attempts, 4,
+        "a first 401 does not use up an attempt"
+    );
+    assert_eq!(v.counters.consecutive_auth, 1);
+
+    let v2 = p.decide(&v.counters, &Outcome::Auth, t0(), &mut rng());
+    assert_eq!(
+        v2.action,
+        Action::Dead {
+            reason: DeadReason::Auth
+        }
+    );
+    assert_eq!(v2.counters.attempts, 5);
+}
+
+#[test]
+fn a_401_after_a_success_streak_resets() {
+    let p = exact();
+    let v = p.decide(&after(0), &Outcome::Auth, t0(), &mut rng());
+    // The call after the refresh fails with a 500: the 401 streak ends.
+    let v = p.decide(&v.counters, &infra(), t0(), &mut rng());
+    assert_eq!(v.counters.consecutive_auth, 0);
+    let v = p.decide(&v.counters, &Outcome::Auth, t0(), &mut rng());
+    assert_eq!(v.action, Action::RefreshCredentials);
+}
+
+#[test]
+fn rate_limit_with_short_retry_after_retries_in_process_and_pauses() {
+    let v = exact().decide(
+        &after(0),
+        &Outcome::RateLimited {
+            retry_after: Some(secs(2)),
+        },
+        t0(),
+        &mut rng(),
+    );
+    assert_eq!(
+        v.action,
+        Action::RetryInProcess {
+            delay: secs(2),
+            source: DelaySource::RetryAfter
+        }
+    );
+    assert_eq!(v.pause_until, Some(t0() + TimeDelta::seconds(2)));
+}
+
+#[test]
+fn rate_limit_with_long_retry_after_defers_instead_of_sleeping() {
+    let v = exact().decide(
+        &after(0),
+        &Outcome::RateLimited {
+            retry_after: Some(secs(45)),
+        },
+        t0(),
+        &mut rng(),
+    );
+    assert_eq!(
+        v.action,
+        Action::Defer {
+            until: t0() + TimeDelta::seconds(45),
+            delay: secs(45),
+            reason: DeferReason::RateLimited,
+            source: DelaySource::RetryAfter,
+        }
+    );
+    assert_eq!(v.pause_until, Some(t0() + TimeDelta::seconds(45)));
+}
+
+#[test]
+fn rate_limit_without_retry_after_uses_the_formula() {
+    let v = exact().decide(
+        &after(1),
+        &Outcome::RateLimited { retry_after: None },
+        t0(),
+        &mut rng(),
+    );
+    assert_eq!(
+        v.action,
+        Action::RetryInProcess {
+            delay: secs(2),
+            source: DelaySource::Backoff
+        }
+    );
+    assert_eq!(v.pause_until, Some(t0() + TimeDelta::seconds(2)));
+}
+
+#[test]
+fn retry_after_is_clamped() {
+    let p = RetryPolicy::builder("c")
+        .with_retry_after_max(secs(30))
+        .build()
+        .unwrap();
+    let v = p.decide(
+        &after(0),
+        &Outcome::RateLimited {
+            retry_after: Some(secs(100_000)),
+        },
+        t0(),
+        &mut rng(),
+    );
+    assert!(matches!(v.action, Action::Defer { delay, .. } if delay == secs(30)));
+}
+
+#[test]
+fn infrastructure_follows_the_exact_backoff_then_defers() {
+    let p = exact();
+    // Delays 1, 2, 4, 8 are in process (≤ 10 s); attempt 5 is the last one.
+    let mut c = JobCounters::default();
+    let mut delays = vec![];
+    for _ in 0..4 {
+        let v = p.decide(&c, &infra(), t0(), &mut rng());
+        match v.action {
+            Action::RetryInProcess { delay, source } => {
+                assert_eq!(source, DelaySource::Backoff);
+                delays.push(delay);
+            }
+            other => panic!("expected a retry, got {other:?}"),
+        }
+        assert!(v.pause_until.is_none());
+        c = v.counters;
+    }
+    assert_eq!(delays, vec![secs(1), secs(2), secs(4), secs(8)]);
+    let v = p.decide(&c, &infra(), t0(), &mut rng());
+    assert_eq!(
+        v.action,
+        Action::Dead {
+            reason: DeadReason::AttemptsExhausted
+        }
+    );
+    assert_eq!(v.counters.attempts, 5);
+}
+
+#[test]
+fn a_backoff_delay_longer_than_in_process_max_wait_defers() {
+    let p = RetryPolicy::builder("d")
+        .with_backoff(Backoff::constant(secs(20)).unwrap())
+        .with_jitter(Jitter::None)
+        .build()
+        .unwrap();
+    let v = p.decide(&after(0), &infra(), t0(), &mut rng());
+    assert_eq!(
+        v.action,
+        Action::Defer {
+            until: t0() + TimeDelta::seconds(20),
+            delay: secs(20),
+            reason: DeferReason::Backoff,
+            source: DelaySource::Backoff,
+        }
+    );
+}
+
+#[test]
+fn in_process_max_wait_is_inclusive() {
+    let p = RetryPolicy::builder("d")
+        .with_backoff(Backoff::constant(secs(10)).unwrap())
+        .with_jitter(Jitter::None)
+        .with_in_process_max_wait(secs(10))
+        .build()
+        .unwrap();
+    let v = p.decide(&after(0), &infra(), t0(), &mut rng());
+    assert!(matches!(v.action, Action::RetryInProcess { .. }));
+}
+
+#[test]
+fn ambiguous_timeout_with_key_retries_without_key_dies() {
+    let p = exact();
+    let v = p.decide(
+        &after(0),
+        &Outcome::Timeout { idempotent: true },
+        t0(),
+        &mut rng(),
+    );
+    assert!(matches!(v.action, Action::RetryInProcess { delay, .. } if delay == secs(1)));
+    let v = p.decide(
+        &after(0),
+        &Outcome::Timeout { idempotent: false },
+        t0(),
+        &mut rng(),
+    );
+    assert_eq!(
+        v.action,
+        Action::Dead {
+            reason: DeadReason::Ambiguous
+        }
+    );
+}
+
+#[test]
+fn exceptions_are_retried_until_max_exceptions() {
+    let p = exact(); // max_exceptions = 3
+    let mut c = JobCounters::default();
+    for i in 1..=2 {
+        let v = p.decide(&c, &Outcome::Exception, t0(), &mut rng());
+        assert!(matches!(v.action, Action::RetryInProcess { .. }), "{i}");
+        assert_eq!(v.counters.exceptions, i);
+        c = v.counters;
+    }
+    let v = p.decide(&c, &Outcome::Exception, t0(), &mut rng());
+    assert_eq!(
+        v.action,
+        Action::Dead {
+            reason: DeadReason::ExceptionsExhausted
+        }
+    );
+    assert_eq!(v.counters.exceptions, 3);
+}
+
+#[test]
+fn exceptions_count_across_the_defer_phase() {
+    let p = RetryPolicy::payment(); // 5 exceptions, 10 attempts, defer phase
+    let c = JobCounters {
+        attempts: 12,
+        exceptions: 4,
+        defers: 2,
+        first_attempt_at: Some(t0()),
+        ..Default::default()
+    };
+    let v = p.decide(
+        &c,
+        &Outcome::Exception,
+        t0() + TimeDelta::hours(1),
+        &mut rng(),
+    );
+    assert_eq!(
+        v.action,
+        Action::Dead {
+            reason: DeadReason::ExceptionsExhausted
+        }
+    );
+}
+
+#[test]
+fn the_window_ends_the_retry_phase() {
+    let p = exact(); // window 600 s
+    let now = t0() + TimeDelta::seconds(600);
+    let v = p.decide(&after(1), &infra(), now, &mut rng());
+    assert_eq!(
+        v.action,
+        Action::Dead {
+            reason: DeadReason::WindowExhausted
+        }
+    );
+    let v = p.decide(&after(1), &infra(), now - TimeDelta::seconds(1), &mut rng());
+    assert!(matches!(v.action, Action::RetryInProcess { .. }));
+}
+
+#[test]
+fn the_window_starts_at_the_first_attempt() {
+    let p = exact();
+    // No first attempt yet: this one starts the window, even far in the future.
+    let v = p.decide(
+        &JobCounters::default(),
+        &infra(),
+        t0() + TimeDelta::days(3),
+        &mut rng(),
+    );
+    assert_eq!(v.counters.first_attempt_at, Some(t0() + TimeDelta::days(3)));
+    assert!(matches!(v.action, Action::RetryInProcess { .. }));
+}
+
+#[test]
+fn the_defer_phase_follows_its_schedule_then_dies() {
+    let p = RetryPolicy::builder("d")
+        .with_jitter(Jitter::None)
+        .with_max_attempts(1)
+        .with_defer(
+            Backoff::schedule(vec![secs(60), secs(300)], secs(3600)).unwrap(),
+            Jitter::None,
+            3,
+        )
+        .build()
+        .unwrap();
+    assert_eq!(p.total_max_attempts(), 4);
+    let mut c = JobCounters::default();
+    let mut got = vec![];
+    for _ in 0..3 {
+        let v = p.decide(&c, &infra(), t0(), &mut rng());
+        match v.action {
+            Action::Defer {
+                delay,
+                reason,
+                source,
+                ..
+            } => {
+                assert_eq!(reason, DeferReason::DeferPhase);
+                assert_eq!(source, DelaySource::DeferSchedule);
+                got.push(delay);
+            }
+            other => panic!("expected a defer, got {other:?}"),
+        }
+        c = v.counters;
+    }
+    assert_eq!(got, vec![secs(60), secs(300), secs(300)]);
+    assert_eq!(c.defers, 3);
+    let v = p.decide(&c, &infra(), t0(), &mut rng());
+    assert_eq!(
+        v.action,
+        Action::Dead {
+            reason: DeadReason::DefersExhausted
+        }
+    );
+}
+
+#[test]
+fn a_longer_retry_after_wins_in_the_defer_phase() {
+    let p = RetryPolicy::builder("d")
+        .with_max_attempts(1)
+        .with_defer(Backoff::constant(secs(60)).unwrap(), Jitter::None, 3)
+        .build()
+        .unwrap();
+    let ra = |s| Outcome::RateLimited {
+        retry_after: Some(secs(s)),
+    };
+    let v = p.decide(&after(0), &ra(600), t0(), &mut rng());
+    assert!(matches!(v.action, Action::Defer { delay, .. } if delay == secs(600)));
+    let v = p.decide(&after(0), &ra(5), t0(), &mut rng());
+    assert!(matches!(v.action, Action::Defer { delay, .. } if delay == secs(60)));
+}
+
+#[test]
+fn the_deadline_ends_everything() {
+    let p = RetryPolicy::payment();
+    let c = JobCounters {
+        attempts: 1,
+        first_attempt_at: Some(t0()),
+        deadline: Some(t0() + TimeDelta::seconds(10)),
+        ..Default::default()
+    };
+    // Passed.
+    let v = p.decide(&c, &infra(), t0() + TimeDelta::seconds(10), &mut rng());
+    assert_eq!(
+        v.action,
+        Action::Dead {
+            reason: DeadReason::Deadline
+        }
+    );
+    // A wait that would end after it.
+    let v = p.decide(
+        &c,
+        &Outcome::RateLimited {
+            retry_after: Some(secs(60)),
+        },
+        t0(),
+        &mut rng(),
+    );
+    assert_eq!(
+        v.action,
+        Action::Dead {
+            reason: DeadReason::Deadline
+        }
+    );
+}
+
+#[test]
+fn blocked_defers_to_the_probe_time_plus_spread_and_is_not_an_attempt() {
+    let p = RetryPolicy::payment();
+    let probe = t0() + TimeDelta::seconds(30);
+    for seed in 0..50 {
+        let mut r = SmallRng::seed_from_u64(seed);
+        match p.decide_blocked(&after(3), probe, DeferReason::BreakerOpen, t0(), &mut r) {
+            Action::Defer {
+                until,
+                reason,
+                source,
+                ..
+            } => {
+                assert!(
+                    until >= probe && until <= probe + TimeDelta::seconds(2),
+                    "{until}"
+                );
+                assert_eq!(reason, DeferReason::BreakerOpen);
+                assert_eq!(source, DelaySource::Blocked);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let c = JobCounters {
+        deadline: Some(t0() + TimeDelta::seconds(10)),
+        ..after(3)
+    };
+    assert_eq!(
+        p.decide_blocked(&c, probe, DeferReason::BreakerOpen, t0(), &mut rng()),
+        Action::Dead {
+            reason: DeadReason::Deadline
+        }
+    );
+}
+
+#[test]
+fn presets_are_valid_and_match_the_issue() {
+    for name in RetryPolicy::PRESETS {
+        let p = RetryPolicy::preset(name).unwrap();
+        p.validate().unwrap();
+        assert_eq!(p.name, *name);
+    }
+    let p = RetryPolicy::payment();
+    assert_eq!(p.retry.max_attempts, 10);
+    assert_eq!(p.retry.window, Some(secs(300)));
+    assert_eq!(p.retry.backoff.nominal(0), Duration::from_millis(200));
+    assert_eq!(p.retry.backoff.cap(), secs(30));
+    assert_eq!(p.deadline, Some(secs(86_400)));
+    assert_eq!(p.total_max_attempts(), 15);
+    let d = p.defer.as_ref().unwrap();
+    let sched: Vec<_> = (0..5).map(|n| d.schedule.nominal(n)).collect();
+    assert_eq!(
+        sched,
+        vec![secs(60), secs(300), secs(900), secs(3600), secs(14_400)]
+    );
+    assert_eq!(RetryPolicy::background().retry.max_attempts, 3);
+    let c = RetryPolicy::classic();
+    assert_eq!(c.retry.max_attempts, 5);
+    assert_eq!(c.max_exceptions, Some(3));
+    assert_eq!(c.retry.jitter, Jitter::Proportional(0.5));
+    assert_eq!(c.retry.backoff.cap(), secs(60));
+    assert!(RetryPolicy::preset("nope").is_none());
+}
+
+#[test]
+fn invalid_fields_are_named() {
+    let e = RetryPolicy::builder("x")
+        .with_max_attempts(0)
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("retry.max_attempts"), "{e}");
+    let e = RetryPolicy::builder("x")
+        .with_in_process_max_wait(secs(3600))
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("in_process_max_wait"), "{e}");
+    let e = RetryPolicy::builder("x")
+        .with_max_exceptions(0)
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("max_exceptions"), "{e}");
+    let e = RetryPolicy::builder("bad name").build().unwrap_err();
+    assert!(e.to_string().contains("name"), "{e}");
+}
+
+fn arb_outcome() -> impl Strategy<Value = Outcome> {
+    prop_oneof![
+        Just(Outcome::Success),
+        Just(Outcome::Permanent),
+        Just(Outcome::Auth),
+        proptest::option::of(0u64..200).prop_map(|s| Outcome::RateLimited {
+            retry_after: s.map(secs)
+        }),
+        proptest::option::of(0u64..200).prop_map(|s| Outcome::Infrastructure {
+            retry_after: s.map(secs)
+        }),
+        any::<bool>().prop_map(|idempotent| Outcome::Timeout { idempotent }),
+        Just(Outcome::Exception),
+    ]
+}
+
+proptest! {
+    /// Replaying any sequence of outcomes through the decision, advancing time by each delay:
+    /// never more counted attempts than the policy allows, never more exceptions, delays never
+    /// above their caps, and every death names the budget that actually ran out.
+    #[test]
+    fn budgets_hold_for_any_sequence(
+        seed in any::<u64>(),
+        outcomes in proptest::collection::vec(arb_outcome(), 1..80),
+        preset in 0usize..3,
+    ) {
+        let p = RetryPolicy::preset(RetryPolicy::PRESETS[preset]).unwrap();
+        let mut r = SmallRng::seed_from_u64(seed);
+        let mut now = t0();
+        let mut c = JobCounters { deadline: p.deadline_from(now), ..Default::default() };
+        for o in outcomes {
+            let v = p.decide(&c, &o, now, &mut r);
+            prop_assert!(v.counters.attempts <= p.total_max_attempts());
+            if let Some(m) = p.max_exceptions {
+                prop_assert!(v.counters.exceptions <= m);
+            }
+            match v.action {
+                Action::Done | Action::Dead { .. } => {
+                    if let Action::Dead { reason } = v.action {
+                        match reason {
+                            DeadReason::AttemptsExhausted => {
+                                prop_assert!(v.counters.attempts >= p.retry.max_attempts);
+                                prop_assert!(p.defer.is_none());
+                            }
+                            DeadReason::DefersExhausted => {
+                                let d = p.defer.as_ref().unwrap();
+                                prop_assert_eq!(v.counters.defers, d.max_defers);
+                            }
+                            DeadReason::ExceptionsExhausted => {
+                                prop_assert_eq!(Some(v.counters.exceptions), p.max_exceptions);
+                                prop_assert_eq!(o, Outcome::Exception);
+                            }
+                            DeadReason::WindowExhausted => {
+                                let w = p.retry.window.unwrap();
+                                let first = v.counters.first_attempt_at.unwrap();
+                                prop_assert!(since(now, first) >= w);
+                            }
+                            DeadReason::Permanent => prop_assert_eq!(o, Outcome::Permanent),
+                            DeadReason::Auth => prop_assert_eq!(o, Outcome::Auth),
+                            DeadReason::Ambiguous => prop_assert_eq!(o, Outcome::Timeout { idempotent: false }),
+                            DeadReason::Deadline => prop_assert!(c.deadline.is_some()),
+                            DeadReason::LeaseExpired => prop_assert!(false, "decide never says lease_expired"),
+                        }
+                    }
+                    break;
+                }
+                Action::RefreshCredentials => {}
+                Action::RetryInProcess { delay, .. } => {
+                    prop_assert!(delay <= p.retry.in_process_max_wait);
+                    now = add(now, delay);
+                }
+                Action::Defer { until, delay, .. } => {
+                    prop_assert!(delay > p.retry.in_process_max_wait || p.defer.is_some());
+                    prop_assert!(until >= now);
+                    if let Some(dl) = c.deadline { prop_assert!(until <= dl); }
+                    now = until;
+                }
+            }
+            c = v.counters;
+        }
+    }
+
+    #[test]
+    fn retry_phase_delays_never_exceed_the_cap(seed in any::<u64>(), attempts in 0u32..9) {
+        let p = RetryPolicy::payment();
+        let mut r = SmallRng::seed_from_u64(seed);
+        let v = p.decide(&after(attempts), &infra(), t0(), &mut r);
+        if let Action::RetryInProcess { delay, .. } | Action::Defer { delay, .. } = v.action {
+            prop_assert!(delay <= p.retry.backoff.cap());
+        }
+    }
+}
