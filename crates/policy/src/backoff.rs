@@ -111,13 +111,15 @@ impl Backoff {
                 multiplier,
                 cap,
             } => {
-                // base · m^n in f64 seconds; saturates to the cap on overflow.
+                // base · m^n in f64 nanoseconds; saturates to the cap on overflow.
                 let exp = i32::try_from(n).unwrap_or(i32::MAX);
-                let secs = base.as_secs_f64() * multiplier.powi(exp);
-                if !secs.is_finite() || secs >= cap.as_secs_f64() {
+                let nanos = base.as_nanos() as f64 * multiplier.powi(exp);
+                let cap_nanos = cap.as_nanos() as f64;
+                if nanos.is_nan() || nanos >= cap_nanos {
                     *cap
                 } else {
-                    Duration::from_secs_f64(secs).min(*cap)
+                    // In range of u64: the cap is at most 24 h.
+                    Duration::from_nanos(nanos as u64).min(*cap)
                 }
             }
             Backoff::Schedule { delays, cap } => {

@@ -283,16 +283,27 @@ impl RetryPolicy {
             }
             _ => {}
         }
-        if c.deadline.is_some_and(|d| d <= now) {
+        // Time arithmetic in milliseconds: chrono's date arithmetic costs more than the rest
+        // of the decision, and stored times have millisecond precision anyway.
+        let now_ms = now.timestamp_millis();
+        let deadline_ms = c.deadline.map(|d| d.timestamp_millis());
+        if deadline_ms.is_some_and(|d| d <= now_ms) {
             return dead(DeadReason::Deadline, c);
         }
+        // Would a wait of `delay` end after the deadline?
+        let past_deadline = |delay: Duration| {
+            deadline_ms.is_some_and(|d| i128::from(d - now_ms) < delay.as_millis() as i128)
+        };
 
         let rate_limited = matches!(outcome, Outcome::RateLimited { .. });
         let retry_after = outcome
             .retry_after()
             .map(|d| d.min(self.retry.retry_after_max));
-        let first = c.first_attempt_at.unwrap_or(now);
-        let in_window = self.retry.window.is_none_or(|w| since(now, first) < w);
+        let first_ms = c.first_attempt_at.map_or(now_ms, |t| t.timestamp_millis());
+        let in_window = self
+            .retry
+            .window
+            .is_none_or(|w| ((now_ms - first_ms).max(0) as u128) < w.as_millis());
 
         // Retry phase.
         if c.attempts < self.retry.max_attempts && in_window {
@@ -311,15 +322,13 @@ impl RetryPolicy {
                     (d, DelaySource::Backoff)
                 }
             };
-            let until = add(now, delay);
-            if c.deadline.is_some_and(|d| until > d) {
+            if past_deadline(delay) {
                 return dead(DeadReason::Deadline, c);
             }
-            let pause_until = rate_limited.then_some(until);
-            let action = if delay <= self.retry.in_process_max_wait {
-                Action::RetryInProcess { delay, source }
-            } else {
-                Action::Defer {
+            let in_process = delay <= self.retry.in_process_max_wait;
+            let until = (!in_process || rate_limited).then(|| add(now, delay));
+            let action = match until {
+                Some(until) if !in_process => Action::Defer {
                     until,
                     delay,
                     reason: if rate_limited {
@@ -328,13 +337,14 @@ impl RetryPolicy {
                         DeferReason::Backoff
                     },
                     source,
-                }
+                },
+                _ => Action::RetryInProcess { delay, source },
             };
             return Verdict {
                 action,
                 counters: c,
                 counted: true,
-                pause_until,
+                pause_until: until.filter(|_| rate_limited),
             };
         }
 
@@ -346,10 +356,10 @@ impl RetryPolicy {
                     .jitter
                     .apply(s.nominal(c.defers), s.base(), s.cap(), None, rng);
                 let delay = retry_after.map_or(planned, |ra| ra.max(planned));
-                let until = add(now, delay);
-                if c.deadline.is_some_and(|d| until > d) {
+                if past_deadline(delay) {
                     return dead(DeadReason::Deadline, c);
                 }
+                let until = add(now, delay);
                 c.defers += 1;
                 return Verdict {
                     action: Action::Defer {
