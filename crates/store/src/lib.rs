@@ -1,1 +1,288 @@
-//! Durable job storage for redrive: SQLite and PostgreSQL backends with leases and fencing
+//! Durable job storage for redrive: an embedded SQLite file (the default) or a shared
+//! PostgreSQL database, with leases, fencing tokens and fleet-wide dependency state.
+//!
+//! Every write by a worker carries its lease's fencing token and is refused once the token is
+//! stale ([`StoreError::LeaseLost`]): a worker whose lease expired and was rescued can no longer
+//! change the job. Time is always passed in (`now`), so every operation is testable exactly.
+//!
+//! ```
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! use std::time::Duration;
+//! use redrive_store::{ClaimParams, Completion, NewJob, Store, Transition};
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let store = Store::connect(&format!("sqlite:{}", dir.path().join("q.db").display())).await.unwrap();
+//! let now = chrono::Utc::now();
+//! let e = store.enqueue(&NewJob::new("payments", "noop", serde_json::json!({})).key("k1"), now).await.unwrap();
+//! assert!(e.created);
+//! // The same key again: the same job.
+//! let again = store.enqueue(&NewJob::new("payments", "noop", serde_json::json!({})).key("k1"), now).await.unwrap();
+//! assert_eq!((again.job.id, again.created), (e.job.id, false));
+//!
+//! let jobs = store.claim(&ClaimParams { queues: vec!["payments".into()], worker: "w1".into(),
+//!     limit: 10, lease: Duration::from_secs(30), now }).await.unwrap();
+//! let job = &jobs[0];
+//! store.complete(&Completion { lease: job.lease(), attempt: None, counters: job.counters(),
+//!     transition: Transition::Succeeded { result: serde_json::json!({"ok": true}) },
+//!     error: None, now }).await.unwrap();
+//! # });
+//! ```
+
+mod clock;
+mod error;
+mod model;
+mod ops;
+mod postgres;
+mod rows;
+mod sql;
+mod sqlite;
+
+use std::time::Duration;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{Result, StoreError};
+pub use model::{
+    Attempt, BreakerUpdate, ClaimParams, Completion, Dependency, DependencyEvent, Enqueued, Job,
+    JobId, JobState, Lease, ListParams, MAX_BATCH, MAX_MAX_ATTEMPTS, MAX_NAME_LEN, NewAttempt,
+    NewJob, Page, QueueCount, Rescued, Selection, Transition, from_millis,
+};
+pub use postgres::PgStore;
+pub use redrive_policy::Timestamp;
+pub use sqlite::SqliteStore;
+
+/// The default database: an SQLite file in the working directory.
+pub const DEFAULT_URL: &str = "sqlite:redrive.db";
+
+pub(crate) fn check_batch(field: &'static str, n: usize) -> Result<()> {
+    if n > MAX_BATCH {
+        return Err(StoreError::Invalid {
+            field,
+            value: n.to_string(),
+            reason: format!("at most {MAX_BATCH} per call"),
+        });
+    }
+    Ok(())
+}
+
+/// The queue: one of the two backends behind one API.
+#[derive(Debug, Clone)]
+pub enum Store {
+    /// Embedded SQLite.
+    Sqlite(SqliteStore),
+    /// Shared PostgreSQL.
+    Postgres(PgStore),
+}
+
+macro_rules! dispatch {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self {
+            Store::Sqlite($s) => $e,
+            Store::Postgres($s) => $e,
+        }
+    };
+}
+
+impl Store {
+    /// Connects by URL: `sqlite:PATH` (created and migrated on first use) or
+    /// `postgres://…` (add `?schema=NAME` — read by redrive, not sent — to use a schema).
+    pub async fn connect(url: &str) -> Result<Self> {
+        if url.starts_with("sqlite:") {
+            return Ok(Store::Sqlite(SqliteStore::connect(url).await?));
+        }
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let (base, schema) = split_schema(url);
+            return Ok(Store::Postgres(
+                PgStore::connect(&base, schema.as_deref(), 16).await?,
+            ));
+        }
+        Err(StoreError::BadUrl {
+            url: url.into(),
+            reason: "expected sqlite:PATH or postgres://…".into(),
+        })
+    }
+
+    /// The backend's name: `sqlite` or `postgres`.
+    pub fn backend(&self) -> &'static str {
+        match self {
+            Store::Sqlite(_) => "sqlite",
+            Store::Postgres(_) => "postgres",
+        }
+    }
+
+    /// Applies the embedded migrations (also done on connect).
+    pub async fn migrate(&self) -> Result<()> {
+        dispatch!(self, s => s.migrate().await)
+    }
+
+    /// Enqueues one job. A repeat with the same queue and key returns the existing job with
+    /// `created: false`, also under concurrent enqueues (the unique index decides).
+    pub async fn enqueue(&self, job: &NewJob, now: Timestamp) -> Result<Enqueued> {
+        let out = dispatch!(self, s => {
+            let mut conn = s.pool.acquire().await?;
+            s.enqueue_in(&mut conn, job, now).await?
+        });
+        if out.created {
+            dispatch!(self, s => s.wake());
+        }
+        Ok(out)
+    }
+
+    /// Enqueues many jobs in one transaction; results in input order.
+    pub async fn enqueue_many(&self, jobs: &[NewJob], now: Timestamp) -> Result<Vec<Enqueued>> {
+        dispatch!(self, s => s.enqueue_many_impl(jobs, now).await)
+    }
+
+    /// One job.
+    pub async fn get(&self, id: JobId) -> Result<Option<Job>> {
+        dispatch!(self, s => s.get_impl(id).await)
+    }
+
+    /// A job's attempts, oldest first (every run, including before replays).
+    pub async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
+        dispatch!(self, s => s.attempts_impl(id).await)
+    }
+
+    /// Claims up to `limit` due jobs (priority, then run_at, then id), leasing each with a fresh
+    /// fencing token, skipping jobs whose dependency is open or paused.
+    pub async fn claim(&self, p: &ClaimParams) -> Result<Vec<Job>> {
+        dispatch!(self, s => s.claim_impl(p).await)
+    }
+
+    /// A fenced write: records the attempt (if any) and moves the job on, atomically.
+    /// [`StoreError::LeaseLost`] when the token is stale; nothing is written then.
+    pub async fn complete(&self, c: &Completion) -> Result<()> {
+        dispatch!(self, s => s.complete_impl(c).await)
+    }
+
+    /// Many fenced writes in one transaction; a stale lease fails only its own item.
+    pub async fn complete_many(&self, cs: &[Completion]) -> Result<Vec<Result<()>>> {
+        dispatch!(self, s => s.complete_many_impl(cs).await)
+    }
+
+    /// Extends a lease to `now + extend`; [`StoreError::LeaseLost`] if it is no longer held.
+    pub async fn heartbeat(
+        &self,
+        lease: Lease,
+        extend: Duration,
+        now: Timestamp,
+    ) -> Result<Timestamp> {
+        dispatch!(self, s => s.heartbeat_impl(lease, extend, now).await)
+    }
+
+    /// Cancels a job that has not finished; a running job's lease is revoked (its worker's
+    /// next write fails and it stops).
+    pub async fn cancel(&self, id: JobId, now: Timestamp) -> Result<Job> {
+        dispatch!(self, s => s.cancel_impl(id, now).await)
+    }
+
+    /// Puts dead jobs back in the queue with fresh budgets; their history is kept.
+    pub async fn replay(&self, sel: &Selection, now: Timestamp) -> Result<u64> {
+        dispatch!(self, s => s.replay_impl(sel, now).await)
+    }
+
+    /// Deletes dead jobs (and their attempts).
+    pub async fn purge(&self, sel: &Selection) -> Result<u64> {
+        dispatch!(self, s => s.purge_impl(sel).await)
+    }
+
+    /// Returns jobs whose lease expired to the queue (at most `limit`). The lost attempt counts;
+    /// a job with no attempts left dies with reason `lease_expired`. Each expired lease is
+    /// rescued exactly once, however many rescuers run.
+    pub async fn rescue(&self, now: Timestamp, limit: u32) -> Result<Vec<Rescued>> {
+        dispatch!(self, s => s.rescue_impl(now, limit).await)
+    }
+
+    /// Deletes succeeded and cancelled jobs (and dead ones if asked) finished before a time.
+    pub async fn prune(&self, finished_before: Timestamp, include_dead: bool) -> Result<u64> {
+        dispatch!(self, s => s.prune_impl(finished_before, include_dead).await)
+    }
+
+    /// Lists jobs by id with keyset pagination (`after`).
+    pub async fn list(&self, p: &ListParams) -> Result<Page> {
+        dispatch!(self, s => s.list_impl(p).await)
+    }
+
+    /// Jobs per queue and state.
+    pub async fn counts(&self) -> Result<Vec<QueueCount>> {
+        dispatch!(self, s => s.counts_impl().await)
+    }
+
+    /// When the next job on these queues becomes claimable (`None`: none waiting).
+    pub async fn next_due(&self, queues: &[String]) -> Result<Option<Timestamp>> {
+        dispatch!(self, s => s.next_due_impl(queues).await)
+    }
+
+    /// A dependency's shared state.
+    pub async fn dependency(&self, name: &str) -> Result<Option<Dependency>> {
+        dispatch!(self, s => s.dependency_impl(name).await)
+    }
+
+    /// Every dependency's shared state.
+    pub async fn dependencies(&self) -> Result<Vec<Dependency>> {
+        dispatch!(self, s => s.dependencies_impl().await)
+    }
+
+    /// Publishes a breaker state to the fleet (compare-and-set on `expect`); records the
+    /// transition. Returns whether it applied.
+    pub async fn set_breaker(&self, u: &BreakerUpdate) -> Result<bool> {
+        dispatch!(self, s => s.set_breaker_impl(u).await)
+    }
+
+    /// Recent breaker transitions, newest first.
+    pub async fn dependency_events(
+        &self,
+        dependency: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<DependencyEvent>> {
+        dispatch!(self, s => s.events_impl(dependency, limit).await)
+    }
+
+    /// Takes one half-open probe permit; false when none is left.
+    pub async fn take_probe(&self, dependency: &str, now: Timestamp) -> Result<bool> {
+        dispatch!(self, s => s.take_probe_impl(dependency, now).await)
+    }
+
+    /// Pauses a dependency fleet-wide until `until` (never shortens a longer pause).
+    pub async fn pause(
+        &self,
+        dependency: &str,
+        until: Timestamp,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<()> {
+        dispatch!(self, s => s.pause_impl(dependency, until, reason, now).await)
+    }
+
+    /// Lifts a pause.
+    pub async fn unpause(&self, dependency: &str, now: Timestamp) -> Result<()> {
+        dispatch!(self, s => s.unpause_impl(dependency, now).await)
+    }
+
+    /// A receiver that changes whenever work may have appeared (enqueue, replay, rescue,
+    /// release; on PostgreSQL also from other processes). Wait on it between polls.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        dispatch!(self, s => s.wake.subscribe())
+    }
+}
+
+fn split_schema(url: &str) -> (String, Option<String>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_owned(), None);
+    };
+    let mut schema = None;
+    let rest: Vec<&str> = query
+        .split('&')
+        .filter(|p| match p.strip_prefix("schema=") {
+            Some(s) => {
+                schema = Some(s.to_owned());
+                false
+            }
+            None => true,
+        })
+        .collect();
+    if rest.is_empty() {
+        (base.to_owned(), schema)
+    } else {
+        (format!("{base}?{}", rest.join("&")), schema)
+    }
+}

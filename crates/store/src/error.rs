@@ -1,0 +1,72 @@
+//! The store's errors.
+
+use crate::model::{JobId, JobState};
+
+/// What can go wrong in the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database URL is not one redrive understands.
+    #[error("database URL {url:?} is not supported: {reason}")]
+    BadUrl {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A field of a request is out of range or malformed.
+    #[error("invalid {field}: {value:?}: {reason}")]
+    Invalid {
+        /// The field's name.
+        field: &'static str,
+        /// The value given.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The job does not exist.
+    #[error("job {0} not found")]
+    NotFound(JobId),
+    /// The job is not in a state that allows the operation.
+    #[error("job {id} is {state}; cannot {operation}")]
+    WrongState {
+        /// The job.
+        id: JobId,
+        /// Its current state.
+        state: JobState,
+        /// What was asked.
+        operation: &'static str,
+    },
+    /// The caller's lease on the job is gone (expired and rescued, cancelled, or claimed again):
+    /// its fencing token no longer matches, and nothing was written.
+    #[error("lease on job {id} with fencing token {token} is no longer held")]
+    LeaseLost {
+        /// The job.
+        id: JobId,
+        /// The stale fencing token.
+        token: i64,
+    },
+    /// A stored row could not be read back (a corrupt or foreign row).
+    #[error("stored {what} is unreadable: {detail}")]
+    Corrupt {
+        /// Which value.
+        what: &'static str,
+        /// Why.
+        detail: String,
+    },
+    /// The database failed.
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    /// Migrations failed.
+    #[error("migration: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+impl StoreError {
+    /// Whether this is a lost lease (the worker must stop and write nothing).
+    pub fn is_lease_lost(&self) -> bool {
+        matches!(self, StoreError::LeaseLost { .. })
+    }
+}
+
+/// The store's result type.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;

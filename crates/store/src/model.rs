@@ -1,0 +1,612 @@
+//! What the store keeps and the parameters of its operations.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use redrive_policy::{DeadReason, DeferReason, FailureClass, JobCounters, RetryMode, Timestamp};
+use serde::{Deserialize, Serialize};
+
+/// A job's id: increasing in enqueue order, used for keyset pagination.
+pub type JobId = i64;
+
+/// The most attempts a job may be given.
+pub const MAX_MAX_ATTEMPTS: u32 = 10_000;
+/// The longest queue, kind, key or dependency name accepted.
+pub const MAX_NAME_LEN: usize = 255;
+/// The most jobs one call may claim, enqueue or complete.
+pub const MAX_BATCH: usize = 10_000;
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Waiting for its first run, in the future.
+    Scheduled,
+    /// Ready to be claimed.
+    Available,
+    /// Leased to a worker.
+    Running,
+    /// Waiting after a failure, a rate limit or an open breaker (see its defer reason).
+    Deferred,
+    /// Done; its result is stored.
+    Succeeded,
+    /// In the dead-letter table, with the reason it died.
+    Dead,
+    /// Cancelled by an operator.
+    Cancelled,
+}
+
+impl JobState {
+    /// Every state, in lifecycle order.
+    pub const ALL: [JobState; 7] = [
+        JobState::Scheduled,
+        JobState::Available,
+        JobState::Running,
+        JobState::Deferred,
+        JobState::Succeeded,
+        JobState::Dead,
+        JobState::Cancelled,
+    ];
+
+    /// The state's name, as stored and printed.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Scheduled => "scheduled",
+            JobState::Available => "available",
+            JobState::Running => "running",
+            JobState::Deferred => "deferred",
+            JobState::Succeeded => "succeeded",
+            JobState::Dead => "dead",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    /// Whether the job is finished (succeeded, dead or cancelled).
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Dead | JobState::Cancelled
+        )
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for JobState {
+    type Err = crate::StoreError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        JobState::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| crate::StoreError::Invalid {
+                field: "state",
+                value: s.to_owned(),
+                reason: "expected one of scheduled, available, running, deferred, succeeded, dead, cancelled".into(),
+            })
+    }
+}
+
+/// A job to enqueue.
+///
+/// ```
+/// use redrive_store::NewJob;
+/// let job = NewJob::new("payments", "http", serde_json::json!({"url": "https://psp.example/charges"}))
+///     .key("order-42")
+///     .dependency("psp.example")
+///     .max_attempts(15);
+/// assert_eq!(job.key.as_deref(), Some("order-42"));
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewJob {
+    /// Queue name.
+    pub queue: String,
+    /// Job kind (which handler runs it).
+    pub kind: String,
+    /// JSON payload given to the handler.
+    pub payload: serde_json::Value,
+    /// Idempotency key, unique per queue; a repeat enqueue returns the existing job.
+    pub key: Option<String>,
+    /// The dependency (PSP) the job calls, for breakers and pauses.
+    pub dependency: Option<String>,
+    /// Lower runs first (default 0).
+    pub priority: i32,
+    /// First run (default: now).
+    pub run_at: Option<Timestamp>,
+    /// Name of the retry policy.
+    pub policy: String,
+    /// Attempts allowed in all (the policy's retry attempts plus defers).
+    pub max_attempts: u32,
+    /// Total time allowed from enqueue (or replay); the deadline is computed from it.
+    pub ttl: Option<Duration>,
+}
+
+impl NewJob {
+    /// A job on `queue` of `kind` with `payload`, policy `payment`'s budget (15 attempts).
+    pub fn new(
+        queue: impl Into<String>,
+        kind: impl Into<String>,
+        payload: serde_json::Value,
+    ) -> Self {
+        Self {
+            queue: queue.into(),
+            kind: kind.into(),
+            payload,
+            key: None,
+            dependency: None,
+            priority: 0,
+            run_at: None,
+            policy: "payment".into(),
+            max_attempts: 15,
+            ttl: None,
+        }
+    }
+    /// Sets the idempotency key.
+    pub fn key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+    /// Sets the dependency.
+    pub fn dependency(mut self, dep: impl Into<String>) -> Self {
+        self.dependency = Some(dep.into());
+        self
+    }
+    /// Sets the priority (lower runs first).
+    pub fn priority(mut self, p: i32) -> Self {
+        self.priority = p;
+        self
+    }
+    /// Sets the first run time.
+    pub fn run_at(mut self, t: Timestamp) -> Self {
+        self.run_at = Some(t);
+        self
+    }
+    /// Sets the policy name.
+    pub fn policy(mut self, name: impl Into<String>) -> Self {
+        self.policy = name.into();
+        self
+    }
+    /// Sets the attempts allowed.
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n;
+        self
+    }
+    /// Sets the total time allowed.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+    /// Takes budget and deadline from a retry policy.
+    pub fn with_policy(mut self, policy: &redrive_policy::RetryPolicy) -> Self {
+        self.policy = policy.name.clone();
+        self.max_attempts = policy.total_max_attempts();
+        self.ttl = policy.deadline;
+        self
+    }
+
+    /// Checks every field; the error names the first bad one.
+    pub fn validate(&self) -> crate::Result<()> {
+        name("queue", &self.queue)?;
+        name("kind", &self.kind)?;
+        if let Some(k) = &self.key {
+            name("key", k)?;
+        }
+        if let Some(d) = &self.dependency {
+            name("dependency", d)?;
+        }
+        name("policy", &self.policy)?;
+        if self.max_attempts == 0 || self.max_attempts > MAX_MAX_ATTEMPTS {
+            return Err(crate::StoreError::Invalid {
+                field: "max_attempts",
+                value: self.max_attempts.to_string(),
+                reason: format!("must be 1..={MAX_MAX_ATTEMPTS}"),
+            });
+        }
+        if let Some(ttl) = self.ttl
+            && (ttl.is_zero() || ttl > Duration::from_secs(365 * 86_400))
+        {
+            {
+                return Err(crate::StoreError::Invalid {
+                    field: "ttl",
+                    value: redrive_policy::format_duration(ttl),
+                    reason: "must be more than 0 and at most 365 days".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+fn name(field: &'static str, v: &str) -> crate::Result<()> {
+    let bad = |reason: &str| crate::StoreError::Invalid {
+        field,
+        value: v.chars().take(80).collect(),
+        reason: reason.into(),
+    };
+    if v.is_empty() {
+        return Err(bad("must not be empty"));
+    }
+    if v.len() > MAX_NAME_LEN {
+        return Err(bad("longer than 255 bytes"));
+    }
+    if v.chars().any(|c| c.is_control()) {
+        return Err(bad("contains a control character"));
+    }
+    Ok(())
+}
+
+/// What an enqueue did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Enqueued {
+    /// The job (new, or the existing one with the same key).
+    pub job: Job,
+    /// False when a job with the same queue and key already existed and was returned instead.
+    pub created: bool,
+}
+
+/// A stored job.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Job {
+    /// Id.
+    pub id: JobId,
+    /// Queue.
+    pub queue: String,
+    /// Kind.
+    pub kind: String,
+    /// Payload.
+    pub payload: serde_json::Value,
+    /// Idempotency key.
+    pub key: Option<String>,
+    /// Dependency.
+    pub dependency: Option<String>,
+    /// Priority (lower first).
+    pub priority: i32,
+    /// State.
+    pub state: JobState,
+    /// Attempts counted in this run (reset by replay).
+    pub attempts: u32,
+    /// Unclassified errors in this run.
+    pub exceptions: u32,
+    /// Defer-phase runs in this run.
+    pub defers: u32,
+    /// 401s in a row.
+    pub consecutive_auth: u32,
+    /// Previous jittered delay, milliseconds.
+    pub prev_delay_ms: Option<u64>,
+    /// Attempts allowed.
+    pub max_attempts: u32,
+    /// Policy name.
+    pub policy: String,
+    /// Next run.
+    pub run_at: Timestamp,
+    /// First attempt of this run.
+    pub first_attempt_at: Option<Timestamp>,
+    /// Total time allowed, milliseconds.
+    pub ttl_ms: Option<u64>,
+    /// Absolute deadline.
+    pub deadline: Option<Timestamp>,
+    /// Worker holding the lease.
+    pub lease_owner: Option<String>,
+    /// Fencing token of the latest claim (0: never claimed).
+    pub lease_token: i64,
+    /// When the lease ends.
+    pub lease_expires_at: Option<Timestamp>,
+    /// Why it is deferred.
+    pub defer_reason: Option<String>,
+    /// Why it died.
+    pub dead_reason: Option<String>,
+    /// The last error.
+    pub last_error: Option<String>,
+    /// The result stored on success.
+    pub result: Option<serde_json::Value>,
+    /// Times replayed.
+    pub replays: u32,
+    /// Enqueued.
+    pub created_at: Timestamp,
+    /// Last change.
+    pub updated_at: Timestamp,
+    /// Finished.
+    pub finished_at: Option<Timestamp>,
+}
+
+impl Job {
+    /// The counters the policy's decision reads.
+    pub fn counters(&self) -> JobCounters {
+        JobCounters {
+            attempts: self.attempts,
+            exceptions: self.exceptions,
+            defers: self.defers,
+            first_attempt_at: self.first_attempt_at,
+            deadline: self.deadline,
+            prev_delay: self.prev_delay_ms.map(Duration::from_millis),
+            consecutive_auth: self.consecutive_auth,
+        }
+    }
+
+    /// The lease of this claim (valid for a job returned by `claim`).
+    pub fn lease(&self) -> Lease {
+        Lease {
+            job_id: self.id,
+            token: self.lease_token,
+        }
+    }
+}
+
+/// A claim's fencing guard: every write by the worker carries it and is refused once it is stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct Lease {
+    /// The job.
+    pub job_id: JobId,
+    /// The fencing token handed out by the claim.
+    pub token: i64,
+}
+
+/// A stored attempt.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Attempt {
+    /// Id.
+    pub id: i64,
+    /// The job.
+    pub job_id: JobId,
+    /// Attempt number within its run (1-based).
+    pub number: u32,
+    /// Which run (0: the first; each replay adds one).
+    pub replay: u32,
+    /// Fencing token of the claim that made it.
+    pub lease_token: i64,
+    /// Worker.
+    pub worker: Option<String>,
+    /// Start.
+    pub started_at: Timestamp,
+    /// How long the call took, milliseconds.
+    pub duration_ms: u64,
+    /// Failure class (`success`, `permanent`, …).
+    pub class: String,
+    /// HTTP status, if any.
+    pub http_status: Option<u16>,
+    /// Error text (secrets redacted by the caller).
+    pub error: Option<String>,
+    /// Delay chosen after it, milliseconds.
+    pub delay_ms: Option<u64>,
+    /// Whether the delay was slept in process (`retry`) or deferred (`defer`).
+    pub mode: Option<String>,
+    /// Whether it counted against `max_attempts`.
+    pub counted: bool,
+}
+
+/// One attempt to record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewAttempt {
+    /// Worker.
+    pub worker: Option<String>,
+    /// Start.
+    pub started_at: Timestamp,
+    /// How long the call took.
+    pub duration: Duration,
+    /// Class of its outcome.
+    pub class: FailureClass,
+    /// HTTP status, if any.
+    pub http_status: Option<u16>,
+    /// Error text.
+    pub error: Option<String>,
+    /// Whether it counts against `max_attempts` (a first 401 does not).
+    pub counted: bool,
+}
+
+/// Claim a batch of due jobs.
+#[derive(Debug, Clone)]
+pub struct ClaimParams {
+    /// Queues to take from.
+    pub queues: Vec<String>,
+    /// The claiming worker.
+    pub worker: String,
+    /// At most this many.
+    pub limit: u32,
+    /// Lease length.
+    pub lease: Duration,
+    /// Now.
+    pub now: Timestamp,
+}
+
+/// How a claim ends (or continues).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Transition {
+    /// The job stays leased; the worker sleeps `delay` and calls again.
+    RetryInProcess {
+        /// The delay chosen.
+        delay: Duration,
+    },
+    /// Success, with a result.
+    Succeeded {
+        /// The result.
+        result: serde_json::Value,
+    },
+    /// Back to the queue until `until`.
+    Deferred {
+        /// Next run.
+        until: Timestamp,
+        /// Why.
+        reason: DeferReason,
+        /// The delay chosen (recorded on the attempt).
+        delay: Duration,
+    },
+    /// To the dead-letter table.
+    Dead {
+        /// Why.
+        reason: DeadReason,
+    },
+    /// Back to the queue at once, not counted (graceful shutdown or a lost probe permit).
+    Released,
+}
+
+/// A fenced write that ends or continues a claim.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    /// The lease (job id and fencing token).
+    pub lease: Lease,
+    /// The attempt just made, if one was (none for a breaker deferral or a release).
+    pub attempt: Option<NewAttempt>,
+    /// The job's counters after it (from the policy's verdict).
+    pub counters: JobCounters,
+    /// What happens next.
+    pub transition: Transition,
+    /// The last error, kept on the job.
+    pub error: Option<String>,
+    /// Now.
+    pub now: Timestamp,
+}
+
+impl Transition {
+    pub(crate) fn state(&self) -> JobState {
+        match self {
+            Transition::RetryInProcess { .. } => JobState::Running,
+            Transition::Succeeded { .. } => JobState::Succeeded,
+            Transition::Deferred { .. } => JobState::Deferred,
+            Transition::Dead { .. } => JobState::Dead,
+            Transition::Released => JobState::Available,
+        }
+    }
+    pub(crate) fn mode(&self) -> Option<RetryMode> {
+        match self {
+            Transition::RetryInProcess { .. } => Some(RetryMode::Retry),
+            Transition::Deferred { .. } => Some(RetryMode::Defer),
+            _ => None,
+        }
+    }
+    pub(crate) fn delay(&self) -> Option<Duration> {
+        match self {
+            Transition::RetryInProcess { delay } | Transition::Deferred { delay, .. } => {
+                Some(*delay)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Which jobs to list.
+#[derive(Debug, Clone, Default)]
+pub struct ListParams {
+    /// Only this state.
+    pub state: Option<JobState>,
+    /// Only this queue.
+    pub queue: Option<String>,
+    /// Only this dead reason.
+    pub dead_reason: Option<String>,
+    /// Ids greater than this (keyset pagination).
+    pub after: Option<JobId>,
+    /// At most this many (default 50, at most 1000).
+    pub limit: Option<u32>,
+}
+
+/// A page of jobs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Page {
+    /// Jobs, by id.
+    pub jobs: Vec<Job>,
+    /// The cursor for the next page (`after`), if there may be more.
+    pub next: Option<JobId>,
+}
+
+/// Which jobs a bulk operation (replay, purge) takes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Selection {
+    /// These jobs.
+    Ids(Vec<JobId>),
+    /// Every eligible job, optionally of one queue.
+    All {
+        /// Only this queue.
+        queue: Option<String>,
+    },
+}
+
+/// Jobs per queue and state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct QueueCount {
+    /// Queue.
+    pub queue: String,
+    /// State.
+    pub state: JobState,
+    /// Jobs.
+    pub count: u64,
+}
+
+/// A job found with an expired lease and put back (or killed).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Rescued {
+    /// The job.
+    pub id: JobId,
+    /// Whether it died (`lease_expired`) because it had no attempts left.
+    pub dead: bool,
+}
+
+/// A dependency's shared state (breaker and pause), seen by the whole fleet.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Dependency {
+    /// Name (usually the PSP's host).
+    pub name: String,
+    /// Breaker state: `closed`, `open`, `half_open`.
+    pub state: String,
+    /// While open: when probes may start.
+    pub open_until: Option<Timestamp>,
+    /// Probe calls left in half-open.
+    pub probe_permits: u32,
+    /// Paused (e.g. after a `Retry-After`) until then.
+    pub paused_until: Option<Timestamp>,
+    /// Why it is paused.
+    pub pause_reason: Option<String>,
+    /// Last change.
+    pub updated_at: Timestamp,
+}
+
+/// A breaker transition, as kept in the dependency's history.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DependencyEvent {
+    /// Id.
+    pub id: i64,
+    /// Dependency.
+    pub dependency: String,
+    /// When.
+    pub at: Timestamp,
+    /// From state.
+    pub from: String,
+    /// To state.
+    pub to: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// A breaker state to publish to the fleet.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BreakerUpdate {
+    /// Dependency.
+    pub dependency: String,
+    /// State before (the write applies only if the stored state still is this; `None`: any).
+    pub expect: Option<String>,
+    /// New state.
+    pub state: String,
+    /// While open: when probes may start.
+    pub open_until: Option<Timestamp>,
+    /// Probe permits for half-open.
+    pub probe_permits: u32,
+    /// Why (stored in the transition history).
+    pub reason: String,
+    /// Now.
+    pub now: Timestamp,
+}
+
+pub(crate) fn millis(t: Timestamp) -> i64 {
+    t.timestamp_millis()
+}
+
+/// Milliseconds since the epoch to a timestamp (clamped to chrono's range).
+pub fn from_millis(ms: i64) -> Timestamp {
+    chrono::DateTime::from_timestamp_millis(ms).unwrap_or(chrono::DateTime::<chrono::Utc>::MAX_UTC)
+}
+
+pub(crate) fn dur_ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,548 @@
+//! The operations both backends share, written once as a macro over the sqlx database type.
+//! Each backend provides `self.pool`, `self.read`, `self.sql`, `self.tx()` and `self.wake()`.
+
+/// Generates the shared operations for one backend.
+macro_rules! shared_ops {
+    ($store:ident, $db:ty, $conn:ty) => {
+        impl $store {
+            /// Enqueues one job on the caller's own connection or transaction, so that it commits
+            /// (or rolls back) together with the caller's rows.
+            pub async fn enqueue_in(
+                &self,
+                conn: &mut $conn,
+                job: &crate::NewJob,
+                now: redrive_policy::Timestamp,
+            ) -> crate::Result<crate::Enqueued> {
+                job.validate()?;
+                let run_at = job.run_at.unwrap_or(now);
+                let state = if run_at > now {
+                    "scheduled"
+                } else {
+                    "available"
+                };
+                let ttl = job.ttl.map(crate::model::dur_ms);
+                let deadline = ttl.map(|t| crate::model::millis(now).saturating_add(t));
+                let inserted: Option<crate::rows::JobRow> =
+                    sqlx::query_as(sqlx::AssertSqlSafe(self.sql.insert_job.clone()))
+                        .bind(&job.queue)
+                        .bind(&job.kind)
+                        .bind(job.payload.to_string())
+                        .bind(&job.key)
+                        .bind(&job.dependency)
+                        .bind(i64::from(job.priority))
+                        .bind(state)
+                        .bind(i64::from(job.max_attempts))
+                        .bind(&job.policy)
+                        .bind(crate::model::millis(run_at))
+                        .bind(ttl)
+                        .bind(deadline)
+                        .bind(crate::model::millis(now))
+                        .fetch_optional(&mut *conn)
+                        .await?;
+                if let Some(row) = inserted {
+                    return Ok(crate::Enqueued {
+                        job: row.into_job()?,
+                        created: true,
+                    });
+                }
+                // The unique index refused it: a job with this queue and key exists.
+                let existing: crate::rows::JobRow =
+                    sqlx::query_as(sqlx::AssertSqlSafe(self.sql.find_by_key.clone()))
+                        .bind(&job.queue)
+                        .bind(&job.key)
+                        .fetch_one(&mut *conn)
+                        .await?;
+                Ok(crate::Enqueued {
+                    job: existing.into_job()?,
+                    created: false,
+                })
+            }
+
+            pub(crate) async fn enqueue_many_impl(
+                &self,
+                jobs: &[crate::NewJob],
+                now: redrive_policy::Timestamp,
+            ) -> crate::Result<Vec<crate::Enqueued>> {
+                crate::check_batch("jobs", jobs.len())?;
+                for j in jobs {
+                    j.validate()?;
+                }
+                let mut tx = self.tx().await?;
+                let mut out = Vec::with_capacity(jobs.len());
+                for j in jobs {
+                    out.push(self.enqueue_in(&mut tx, j, now).await?);
+                }
+                tx.commit().await?;
+                self.wake();
+                Ok(out)
+            }
+
+            pub(crate) async fn get_impl(
+                &self,
+                id: crate::JobId,
+            ) -> crate::Result<Option<crate::Job>> {
+                let row: Option<crate::rows::JobRow> =
+                    sqlx::query_as(sqlx::AssertSqlSafe(self.sql.get_job.clone()))
+                        .bind(id)
+                        .fetch_optional(&self.read)
+                        .await?;
+                row.map(|r| r.into_job()).transpose()
+            }
+
+            pub(crate) async fn attempts_impl(
+                &self,
+                id: crate::JobId,
+            ) -> crate::Result<Vec<crate::Attempt>> {
+                let rows: Vec<crate::rows::AttemptRow> =
+                    sqlx::query_as(sqlx::AssertSqlSafe(self.sql.attempts_of.clone()))
+                        .bind(id)
+                        .fetch_all(&self.read)
+                        .await?;
+                rows.into_iter().map(|r| r.into_attempt()).collect()
+            }
+
+            pub(crate) async fn claim_impl(
+                &self,
+                p: &crate::ClaimParams,
+            ) -> crate::Result<Vec<crate::Job>> {
+                if p.limit == 0 || p.queues.is_empty() {
+                    return Ok(Vec::new());
+                }
+                crate::check_batch("limit", p.limit as usize)?;
+                let queues =
+                    serde_json::to_string(&p.queues).map_err(|e| crate::StoreError::Invalid {
+                        field: "queues",
+                        value: format!("{:?}", p.queues),
+                        reason: e.to_string(),
+                    })?;
+                let now = crate::model::millis(p.now);
+                let rows: Vec<crate::rows::JobRow> =
+                    sqlx::query_as(sqlx::AssertSqlSafe(self.sql.claim.clone()))
+                        .bind(now)
+                        .bind(queues)
+                        .bind(i64::from(p.limit))
+                        .bind(&p.worker)
+                        .bind(now.saturating_add(crate::model::dur_ms(p.lease)))
+                        .fetch_all(&self.pool)
+                        .await?;
+                let mut jobs = rows
+                    .into_iter()
+                    .map(|r| r.into_job())
+                    .collect::<crate::Result<Vec<_>>>()?;
+                jobs.sort_by_key(|j| (j.priority, j.run_at, j.id));
+                Ok(jobs)
+            }
+
+            async fn complete_in(
+                &self,
+                tx: &mut $conn,
+                c: &crate::Completion,
+            ) -> crate::Result<()> {
+                use crate::model::{dur_ms, millis};
+                let state = c.transition.state();
+                let (run_at, defer_reason, dead_reason, result) = match &c.transition {
+                    crate::Transition::Deferred { until, reason, .. } => {
+                        (Some(millis(*until)), Some(reason.as_str()), None, None)
+                    }
+                    crate::Transition::Dead { reason } => (None, None, Some(reason.as_str()), None),
+                    crate::Transition::Succeeded { result } => {
+                        (None, None, None, Some(result.to_string()))
+                    }
+                    crate::Transition::Released => (Some(millis(c.now)), None, None, None),
+                    crate::Transition::RetryInProcess { .. } => (None, None, None, None),
+                };
+                let k = &c.counters;
+                let replays: Option<i64> =
+                    sqlx::query_scalar(sqlx::AssertSqlSafe(self.sql.complete.clone()))
+                        .bind(c.lease.job_id)
+                        .bind(c.lease.token)
+                        .bind(state.as_str())
+                        .bind(i64::from(k.attempts))
+                        .bind(i64::from(k.exceptions))
+                        .bind(i64::from(k.defers))
+                        .bind(i64::from(k.consecutive_auth))
+                        .bind(k.prev_delay.map(dur_ms))
+                        .bind(k.first_attempt_at.map(millis))
+                        .bind(run_at)
+                        .bind(defer_reason)
+                        .bind(dead_reason)
+                        .bind(c.error.as_deref())
+                        .bind(result)
+                        .bind(state.is_final().then(|| millis(c.now)))
+                        .bind(millis(c.now))
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                let Some(replays) = replays else {
+                    return Err(crate::StoreError::LeaseLost {
+                        id: c.lease.job_id,
+                        token: c.lease.token,
+                    });
+                };
+                if let Some(a) = &c.attempt {
+                    sqlx::query(sqlx::AssertSqlSafe(self.sql.insert_attempt.clone()))
+                        .bind(c.lease.job_id)
+                        .bind(replays)
+                        .bind(c.lease.token)
+                        .bind(a.worker.as_deref())
+                        .bind(millis(a.started_at))
+                        .bind(dur_ms(a.duration))
+                        .bind(a.class.as_str())
+                        .bind(a.http_status.map(i64::from))
+                        .bind(a.error.as_deref())
+                        .bind(c.transition.delay().map(dur_ms))
+                        .bind(c.transition.mode().map(|m| m.as_str()))
+                        .bind(a.counted)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                Ok(())
+            }
+
+            pub(crate) async fn complete_impl(&self, c: &crate::Completion) -> crate::Result<()> {
+                let mut tx = self.tx().await?;
+                self.complete_in(&mut tx, c).await?;
+                tx.commit().await?;
+                if matches!(c.transition, crate::Transition::Released) {
+                    self.wake();
+                }
+                Ok(())
+            }
+
+            pub(crate) async fn complete_many_impl(
+                &self,
+                cs: &[crate::Completion],
+            ) -> crate::Result<Vec<crate::Result<()>>> {
+                crate::check_batch("completions", cs.len())?;
+                let mut tx = self.tx().await?;
+                let mut out = Vec::with_capacity(cs.len());
+                for c in cs {
+                    match self.complete_in(&mut tx, c).await {
+                        Err(e @ crate::StoreError::LeaseLost { .. }) => out.push(Err(e)),
+                        Err(e) => return Err(e),
+                        Ok(()) => out.push(Ok(())),
+                    }
+                }
+                tx.commit().await?;
+                Ok(out)
+            }
+
+            pub(crate) async fn heartbeat_impl(
+                &self,
+                lease: crate::Lease,
+                extend: std::time::Duration,
+                now: redrive_policy::Timestamp,
+            ) -> crate::Result<redrive_policy::Timestamp> {
+                let until = now + chrono::Duration::milliseconds(crate::model::dur_ms(extend));
+                let done = sqlx::query(sqlx::AssertSqlSafe(self.sql.heartbeat.clone()))
+                    .bind(lease.job_id)
+                    .bind(lease.token)
+                    .bind(crate::model::millis(until))
+                    .bind(crate::model::millis(now))
+                    .execute(&self.pool)
+                    .await?;
+                if done.rows_affected() == 1 {
+                    Ok(until)
+                } else {
+                    Err(crate::StoreError::LeaseLost {
+                        id: lease.job_id,
+                        token: lease.token,
+                    })
+                }
+            }
+
+            pub(crate) async fn cancel_impl(
+                &self,
+                id: crate::JobId,
+                now: redrive_policy::Timestamp,
+            ) -> crate::Result<crate::Job> {
+                let row: Option<crate::rows::JobRow> =
+                    sqlx::query_as(sqlx::AssertSqlSafe(self.sql.cancel.clone()))
+                        .bind(id)
+                        .bind(crate::model::millis(now))
+                        .fetch_optional(&self.pool)
+                        .await?;
+                match row {
+                    Some(r) => r.into_job(),
+                    None => match self.get_impl(id).await? {
+                        None => Err(crate::StoreError::NotFound(id)),
+                        Some(j) => Err(crate::StoreError::WrongState {
+                            id,
+                            state: j.state,
+                            operation: "cancel",
+                        }),
+                    },
+                }
+            }
+
+            pub(crate) async fn replay_impl(
+                &self,
+                sel: &crate::Selection,
+                now: redrive_policy::Timestamp,
+            ) -> crate::Result<u64> {
+                let now = crate::model::millis(now);
+                let done = match sel {
+                    crate::Selection::Ids(ids) => {
+                        crate::check_batch("ids", ids.len())?;
+                        sqlx::query(sqlx::AssertSqlSafe(self.sql.replay_ids.clone()))
+                            .bind(now)
+                            .bind(serde_json::to_string(ids).unwrap_or_else(|_| "[]".into()))
+                            .execute(&self.pool)
+                            .await?
+                    }
+                    crate::Selection::All { queue } => {
+                        sqlx::query(sqlx::AssertSqlSafe(self.sql.replay_all.clone()))
+                            .bind(now)
+                            .bind(queue.as_deref())
+                            .execute(&self.pool)
+                            .await?
+                    }
+                };
+                self.wake();
+                Ok(done.rows_affected())
+            }
+
+            pub(crate) async fn purge_impl(&self, sel: &crate::Selection) -> crate::Result<u64> {
+                let done = match sel {
+                    crate::Selection::Ids(ids) => {
+                        crate::check_batch("ids", ids.len())?;
+                        sqlx::query(sqlx::AssertSqlSafe(self.sql.purge_ids.clone()))
+                            .bind(serde_json::to_string(ids).unwrap_or_else(|_| "[]".into()))
+                            .execute(&self.pool)
+                            .await?
+                    }
+                    crate::Selection::All { queue } => {
+                        sqlx::query(sqlx::AssertSqlSafe(self.sql.purge_all.clone()))
+                            .bind(queue.as_deref())
+                            .execute(&self.pool)
+                            .await?
+                    }
+                };
+                Ok(done.rows_affected())
+            }
+
+            pub(crate) async fn rescue_impl(
+                &self,
+                now: redrive_policy::Timestamp,
+                limit: u32,
+            ) -> crate::Result<Vec<crate::Rescued>> {
+                let now_ms = crate::model::millis(now);
+                let mut tx = self.tx().await?;
+                let rows: Vec<(i64, String, i64, i64)> =
+                    sqlx::query_as(sqlx::AssertSqlSafe(self.sql.rescue.clone()))
+                        .bind(now_ms)
+                        .bind(i64::from(limit.max(1)))
+                        .fetch_all(&mut *tx)
+                        .await?;
+                let mut out = Vec::with_capacity(rows.len());
+                for (id, state, token, replay) in rows {
+                    sqlx::query(sqlx::AssertSqlSafe(self.sql.rescue_attempt.clone()))
+                        .bind(id)
+                        .bind(replay)
+                        .bind(token - 1)
+                        .bind(now_ms)
+                        .execute(&mut *tx)
+                        .await?;
+                    out.push(crate::Rescued {
+                        id,
+                        dead: state == "dead",
+                    });
+                }
+                tx.commit().await?;
+                if out.iter().any(|r| !r.dead) {
+                    self.wake();
+                }
+                out.sort_by_key(|r| r.id);
+                Ok(out)
+            }
+
+            pub(crate) async fn prune_impl(
+                &self,
+                finished_before: redrive_policy::Timestamp,
+                include_dead: bool,
+            ) -> crate::Result<u64> {
+                let done = sqlx::query(sqlx::AssertSqlSafe(self.sql.prune.clone()))
+                    .bind(crate::model::millis(finished_before))
+                    .bind(include_dead)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(done.rows_affected())
+            }
+
+            pub(crate) async fn list_impl(
+                &self,
+                p: &crate::ListParams,
+            ) -> crate::Result<crate::Page> {
+                let limit = p.limit.unwrap_or(50).clamp(1, 1000);
+                let rows: Vec<crate::rows::JobRow> =
+                    sqlx::query_as(sqlx::AssertSqlSafe(self.sql.list.clone()))
+                        .bind(p.state.map(|s| s.as_str()))
+                        .bind(p.queue.as_deref())
+                        .bind(p.dead_reason.as_deref())
+                        .bind(p.after.unwrap_or(0))
+                        .bind(i64::from(limit) + 1)
+                        .fetch_all(&self.read)
+                        .await?;
+                let more = rows.len() > limit as usize;
+                let jobs = rows
+                    .into_iter()
+                    .take(limit as usize)
+                    .map(|r| r.into_job())
+                    .collect::<crate::Result<Vec<_>>>()?;
+                let next = if more {
+                    jobs.last().map(|j| j.id)
+                } else {
+                    None
+                };
+                Ok(crate::Page { jobs, next })
+            }
+
+            pub(crate) async fn counts_impl(&self) -> crate::Result<Vec<crate::QueueCount>> {
+                let rows: Vec<crate::rows::CountRow> =
+                    sqlx::query_as(sqlx::AssertSqlSafe(self.sql.counts.clone()))
+                        .fetch_all(&self.read)
+                        .await?;
+                rows.into_iter()
+                    .map(|r| {
+                        Ok(crate::QueueCount {
+                            state: crate::rows::state_of(&r.state)?,
+                            queue: r.queue,
+                            count: u64::try_from(r.n).unwrap_or(0),
+                        })
+                    })
+                    .collect()
+            }
+
+            pub(crate) async fn next_due_impl(
+                &self,
+                queues: &[String],
+            ) -> crate::Result<Option<redrive_policy::Timestamp>> {
+                let queues = serde_json::to_string(queues).unwrap_or_else(|_| "[]".into());
+                let t: Option<i64> =
+                    sqlx::query_scalar(sqlx::AssertSqlSafe(self.sql.next_due.clone()))
+                        .bind(queues)
+                        .fetch_one(&self.read)
+                        .await?;
+                Ok(t.map(crate::model::from_millis))
+            }
+
+            pub(crate) async fn dependency_impl(
+                &self,
+                name: &str,
+            ) -> crate::Result<Option<crate::Dependency>> {
+                let row: Option<crate::rows::DepRow> =
+                    sqlx::query_as(sqlx::AssertSqlSafe(self.sql.get_dep.clone()))
+                        .bind(name)
+                        .fetch_optional(&self.read)
+                        .await?;
+                row.map(|r| r.into_dep()).transpose()
+            }
+
+            pub(crate) async fn dependencies_impl(&self) -> crate::Result<Vec<crate::Dependency>> {
+                let rows: Vec<crate::rows::DepRow> =
+                    sqlx::query_as(sqlx::AssertSqlSafe(self.sql.list_deps.clone()))
+                        .fetch_all(&self.read)
+                        .await?;
+                rows.into_iter().map(|r| r.into_dep()).collect()
+            }
+
+            pub(crate) async fn set_breaker_impl(
+                &self,
+                u: &crate::BreakerUpdate,
+            ) -> crate::Result<bool> {
+                let mut tx = self.tx().await?;
+                let now = crate::model::millis(u.now);
+                let before: Option<String> = match &u.expect {
+                    Some(e) => Some(e.clone()),
+                    None => self.dependency_impl(&u.dependency).await?.map(|d| d.state),
+                };
+                let applied: Option<String> =
+                    sqlx::query_scalar(sqlx::AssertSqlSafe(self.sql.upsert_breaker.clone()))
+                        .bind(&u.dependency)
+                        .bind(&u.state)
+                        .bind(u.open_until.map(crate::model::millis))
+                        .bind(i64::from(u.probe_permits))
+                        .bind(now)
+                        .bind(u.expect.as_deref())
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                let from = before.unwrap_or_else(|| "closed".into());
+                if applied.is_some() && from != u.state {
+                    sqlx::query(sqlx::AssertSqlSafe(self.sql.insert_event.clone()))
+                        .bind(&u.dependency)
+                        .bind(now)
+                        .bind(&from)
+                        .bind(&u.state)
+                        .bind(&u.reason)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await?;
+                if applied.is_some() && u.state != "open" {
+                    self.wake();
+                }
+                Ok(applied.is_some())
+            }
+
+            pub(crate) async fn events_impl(
+                &self,
+                dependency: Option<&str>,
+                limit: u32,
+            ) -> crate::Result<Vec<crate::DependencyEvent>> {
+                let rows: Vec<crate::rows::EventRow> =
+                    sqlx::query_as(sqlx::AssertSqlSafe(self.sql.events.clone()))
+                        .bind(dependency)
+                        .bind(i64::from(limit.clamp(1, 10_000)))
+                        .fetch_all(&self.read)
+                        .await?;
+                Ok(rows.into_iter().map(|r| r.into_event()).collect())
+            }
+
+            pub(crate) async fn take_probe_impl(
+                &self,
+                dependency: &str,
+                now: redrive_policy::Timestamp,
+            ) -> crate::Result<bool> {
+                let left: Option<i64> =
+                    sqlx::query_scalar(sqlx::AssertSqlSafe(self.sql.take_probe.clone()))
+                        .bind(dependency)
+                        .bind(crate::model::millis(now))
+                        .fetch_optional(&self.pool)
+                        .await?;
+                Ok(left.is_some())
+            }
+
+            pub(crate) async fn pause_impl(
+                &self,
+                dependency: &str,
+                until: redrive_policy::Timestamp,
+                reason: &str,
+                now: redrive_policy::Timestamp,
+            ) -> crate::Result<()> {
+                sqlx::query(sqlx::AssertSqlSafe(self.sql.pause.clone()))
+                    .bind(dependency)
+                    .bind(crate::model::millis(until))
+                    .bind(reason)
+                    .bind(crate::model::millis(now))
+                    .execute(&self.pool)
+                    .await?;
+                Ok(())
+            }
+
+            pub(crate) async fn unpause_impl(
+                &self,
+                dependency: &str,
+                now: redrive_policy::Timestamp,
+            ) -> crate::Result<()> {
+                sqlx::query(sqlx::AssertSqlSafe(self.sql.unpause.clone()))
+                    .bind(dependency)
+                    .bind(crate::model::millis(now))
+                    .execute(&self.pool)
+                    .await?;
+                self.wake();
+                Ok(())
+            }
+        }
+    };
+}
+
+pub(crate) use shared_ops;

@@ -1,0 +1,229 @@
+//! Rows as the database returns them, and their conversion to the public model.
+
+use crate::model::{Attempt, Dependency, DependencyEvent, Job, JobState, from_millis};
+use crate::{Result, StoreError};
+
+/// The columns of `redrive_jobs`, in [`JobRow`]'s order.
+pub(crate) const JOB_COLS: &str = "id, queue, kind, payload, idempotency_key, dependency, priority, \
+    state, attempts, exceptions, defers, consecutive_auth, prev_delay_ms, max_attempts, policy, \
+    run_at, first_attempt_at, ttl_ms, deadline, lease_owner, lease_token, lease_expires_at, \
+    defer_reason, dead_reason, last_error, result, replays, created_at, updated_at, finished_at";
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct JobRow {
+    id: i64,
+    queue: String,
+    kind: String,
+    payload: String,
+    idempotency_key: Option<String>,
+    dependency: Option<String>,
+    priority: i64,
+    state: String,
+    attempts: i64,
+    exceptions: i64,
+    defers: i64,
+    consecutive_auth: i64,
+    prev_delay_ms: Option<i64>,
+    max_attempts: i64,
+    policy: String,
+    run_at: i64,
+    first_attempt_at: Option<i64>,
+    ttl_ms: Option<i64>,
+    deadline: Option<i64>,
+    lease_owner: Option<String>,
+    lease_token: i64,
+    lease_expires_at: Option<i64>,
+    defer_reason: Option<String>,
+    dead_reason: Option<String>,
+    last_error: Option<String>,
+    result: Option<String>,
+    replays: i64,
+    created_at: i64,
+    updated_at: i64,
+    finished_at: Option<i64>,
+}
+
+fn u32_of(what: &'static str, v: i64) -> Result<u32> {
+    u32::try_from(v).map_err(|_| StoreError::Corrupt {
+        what,
+        detail: format!("{v} is out of range"),
+    })
+}
+
+fn u64_of(what: &'static str, v: i64) -> Result<u64> {
+    u64::try_from(v).map_err(|_| StoreError::Corrupt {
+        what,
+        detail: format!("{v} is negative"),
+    })
+}
+
+impl JobRow {
+    pub(crate) fn into_job(self) -> Result<Job> {
+        let json = |what: &'static str, s: &str| {
+            serde_json::from_str(s).map_err(|e| StoreError::Corrupt {
+                what,
+                detail: e.to_string(),
+            })
+        };
+        Ok(Job {
+            id: self.id,
+            payload: json("payload", &self.payload)?,
+            result: self
+                .result
+                .as_deref()
+                .map(|r| json("result", r))
+                .transpose()?,
+            queue: self.queue,
+            kind: self.kind,
+            key: self.idempotency_key,
+            dependency: self.dependency,
+            priority: i32::try_from(self.priority).map_err(|_| StoreError::Corrupt {
+                what: "priority",
+                detail: self.priority.to_string(),
+            })?,
+            state: self.state.parse().map_err(|_| StoreError::Corrupt {
+                what: "state",
+                detail: self.state.clone(),
+            })?,
+            attempts: u32_of("attempts", self.attempts)?,
+            exceptions: u32_of("exceptions", self.exceptions)?,
+            defers: u32_of("defers", self.defers)?,
+            consecutive_auth: u32_of("consecutive_auth", self.consecutive_auth)?,
+            prev_delay_ms: self
+                .prev_delay_ms
+                .map(|v| u64_of("prev_delay_ms", v))
+                .transpose()?,
+            max_attempts: u32_of("max_attempts", self.max_attempts)?,
+            policy: self.policy,
+            run_at: from_millis(self.run_at),
+            first_attempt_at: self.first_attempt_at.map(from_millis),
+            ttl_ms: self.ttl_ms.map(|v| u64_of("ttl_ms", v)).transpose()?,
+            deadline: self.deadline.map(from_millis),
+            lease_owner: self.lease_owner,
+            lease_token: self.lease_token,
+            lease_expires_at: self.lease_expires_at.map(from_millis),
+            defer_reason: self.defer_reason,
+            dead_reason: self.dead_reason,
+            last_error: self.last_error,
+            replays: u32_of("replays", self.replays)?,
+            created_at: from_millis(self.created_at),
+            updated_at: from_millis(self.updated_at),
+            finished_at: self.finished_at.map(from_millis),
+        })
+    }
+}
+
+pub(crate) const ATTEMPT_COLS: &str = "id, job_id, number, replay, lease_token, worker, started_at, \
+    duration_ms, class, http_status, error, delay_ms, mode, counted";
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct AttemptRow {
+    id: i64,
+    job_id: i64,
+    number: i64,
+    replay: i64,
+    lease_token: i64,
+    worker: Option<String>,
+    started_at: i64,
+    duration_ms: i64,
+    class: String,
+    http_status: Option<i64>,
+    error: Option<String>,
+    delay_ms: Option<i64>,
+    mode: Option<String>,
+    counted: bool,
+}
+
+impl AttemptRow {
+    pub(crate) fn into_attempt(self) -> Result<Attempt> {
+        Ok(Attempt {
+            id: self.id,
+            job_id: self.job_id,
+            number: u32_of("attempt number", self.number)?,
+            replay: u32_of("attempt replay", self.replay)?,
+            lease_token: self.lease_token,
+            worker: self.worker,
+            started_at: from_millis(self.started_at),
+            duration_ms: u64_of("duration_ms", self.duration_ms)?,
+            class: self.class,
+            http_status: self
+                .http_status
+                .map(|s| {
+                    u16::try_from(s).map_err(|_| StoreError::Corrupt {
+                        what: "http_status",
+                        detail: s.to_string(),
+                    })
+                })
+                .transpose()?,
+            error: self.error,
+            delay_ms: self.delay_ms.map(|v| u64_of("delay_ms", v)).transpose()?,
+            mode: self.mode,
+            counted: self.counted,
+        })
+    }
+}
+
+pub(crate) const DEP_COLS: &str =
+    "name, state, open_until, probe_permits, paused_until, pause_reason, updated_at";
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct DepRow {
+    name: String,
+    state: String,
+    open_until: Option<i64>,
+    probe_permits: i64,
+    paused_until: Option<i64>,
+    pause_reason: Option<String>,
+    updated_at: i64,
+}
+
+impl DepRow {
+    pub(crate) fn into_dep(self) -> Result<Dependency> {
+        Ok(Dependency {
+            name: self.name,
+            state: self.state,
+            open_until: self.open_until.map(from_millis),
+            probe_permits: u32_of("probe_permits", self.probe_permits.max(0))?,
+            paused_until: self.paused_until.map(from_millis),
+            pause_reason: self.pause_reason,
+            updated_at: from_millis(self.updated_at),
+        })
+    }
+}
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct EventRow {
+    id: i64,
+    dependency: String,
+    at: i64,
+    from_state: String,
+    to_state: String,
+    reason: String,
+}
+
+impl EventRow {
+    pub(crate) fn into_event(self) -> DependencyEvent {
+        DependencyEvent {
+            id: self.id,
+            dependency: self.dependency,
+            at: from_millis(self.at),
+            from: self.from_state,
+            to: self.to_state,
+            reason: self.reason,
+        }
+    }
+}
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct CountRow {
+    pub(crate) queue: String,
+    pub(crate) state: String,
+    pub(crate) n: i64,
+}
+
+pub(crate) fn state_of(s: &str) -> Result<JobState> {
+    s.parse().map_err(|_| StoreError::Corrupt {
+        what: "state",
+        detail: s.to_owned(),
+    })
+}

@@ -1,0 +1,243 @@
+//! The SQL, written once with markers that each backend fills in:
+//! `JSON_TEXTS_n` / `JSON_IDS_n` (parameter `$n`, a JSON array, as a set) and `GREATEST(`.
+
+use std::sync::Arc;
+
+use crate::rows::{ATTEMPT_COLS, DEP_COLS, JOB_COLS};
+
+/// Which SQL dialect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
+/// Every statement, prepared as text for one dialect.
+#[derive(Debug, Clone)]
+pub(crate) struct Sql {
+    pub(crate) insert_job: Arc<str>,
+    pub(crate) find_by_key: Arc<str>,
+    pub(crate) get_job: Arc<str>,
+    pub(crate) attempts_of: Arc<str>,
+    pub(crate) claim: Arc<str>,
+    pub(crate) complete: Arc<str>,
+    pub(crate) insert_attempt: Arc<str>,
+    pub(crate) heartbeat: Arc<str>,
+    pub(crate) cancel: Arc<str>,
+    pub(crate) replay_ids: Arc<str>,
+    pub(crate) replay_all: Arc<str>,
+    pub(crate) purge_ids: Arc<str>,
+    pub(crate) purge_all: Arc<str>,
+    pub(crate) rescue: Arc<str>,
+    pub(crate) rescue_attempt: Arc<str>,
+    pub(crate) prune: Arc<str>,
+    pub(crate) list: Arc<str>,
+    pub(crate) counts: Arc<str>,
+    pub(crate) next_due: Arc<str>,
+    pub(crate) get_dep: Arc<str>,
+    pub(crate) list_deps: Arc<str>,
+    pub(crate) upsert_breaker: Arc<str>,
+    pub(crate) insert_event: Arc<str>,
+    pub(crate) events: Arc<str>,
+    pub(crate) take_probe: Arc<str>,
+    pub(crate) pause: Arc<str>,
+    pub(crate) unpause: Arc<str>,
+}
+
+const CLAIMABLE: &str = "j.state IN ('scheduled', 'available', 'deferred') AND j.run_at <= $1 \
+    AND j.queue IN JSON_TEXTS_2 \
+    AND (j.dependency IS NULL OR NOT EXISTS (SELECT 1 FROM redrive_dependencies d \
+         WHERE d.name = j.dependency AND ((d.paused_until IS NOT NULL AND d.paused_until > $1) \
+           OR (d.state = 'open' AND (d.open_until IS NULL OR d.open_until > $1)) \
+           OR (d.state = 'half_open' AND d.probe_permits <= 0))))";
+
+impl Sql {
+    pub(crate) fn new(dialect: Dialect) -> Self {
+        let fill = |mut s: String| -> Arc<str> {
+            for n in ["1", "2"] {
+                let (texts, ids) = match dialect {
+                    Dialect::Sqlite => (
+                        format!("(SELECT value FROM json_each(${n}))"),
+                        format!("(SELECT value FROM json_each(${n}))"),
+                    ),
+                    Dialect::Postgres => (
+                        format!("(SELECT jsonb_array_elements_text(CAST(${n} AS JSONB)))"),
+                        format!(
+                            "(SELECT CAST(jsonb_array_elements_text(CAST(${n} AS JSONB)) AS BIGINT))"
+                        ),
+                    ),
+                };
+                s = s
+                    .replace(&format!("JSON_TEXTS_{n}"), &texts)
+                    .replace(&format!("JSON_IDS_{n}"), &ids);
+            }
+            if dialect == Dialect::Sqlite {
+                s = s.replace("GREATEST(", "MAX(");
+            }
+            Arc::from(s)
+        };
+        let claim = match dialect {
+            Dialect::Sqlite => format!(
+                "UPDATE redrive_jobs SET state = 'running', lease_owner = $4, \
+                 lease_token = lease_token + 1, lease_expires_at = $5, updated_at = $1 \
+                 WHERE id IN (SELECT j.id FROM redrive_jobs j WHERE {CLAIMABLE} \
+                   ORDER BY j.priority, j.run_at, j.id LIMIT $3) \
+                 RETURNING {JOB_COLS}"
+            ),
+            Dialect::Postgres => format!(
+                "WITH picked AS (SELECT j.id FROM redrive_jobs j WHERE {CLAIMABLE} \
+                   ORDER BY j.priority, j.run_at, j.id LIMIT $3 FOR UPDATE OF j SKIP LOCKED) \
+                 UPDATE redrive_jobs t SET state = 'running', lease_owner = $4, \
+                 lease_token = t.lease_token + 1, lease_expires_at = $5, updated_at = $1 \
+                 FROM picked WHERE t.id = picked.id RETURNING t.*"
+            ),
+        };
+        Self {
+            insert_job: fill(format!(
+                "INSERT INTO redrive_jobs (queue, kind, payload, idempotency_key, dependency, priority, \
+                 state, max_attempts, policy, run_at, ttl_ms, deadline, created_at, updated_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13) \
+                 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
+                 RETURNING {JOB_COLS}"
+            )),
+            find_by_key: fill(format!(
+                "SELECT {JOB_COLS} FROM redrive_jobs WHERE queue = $1 AND idempotency_key = $2"
+            )),
+            get_job: fill(format!("SELECT {JOB_COLS} FROM redrive_jobs WHERE id = $1")),
+            attempts_of: fill(format!(
+                "SELECT {ATTEMPT_COLS} FROM redrive_attempts WHERE job_id = $1 ORDER BY id"
+            )),
+            claim: fill(claim),
+            complete: fill(
+                "UPDATE redrive_jobs SET state = $3, attempts = $4, exceptions = $5, defers = $6, \
+                 consecutive_auth = $7, prev_delay_ms = $8, first_attempt_at = $9, \
+                 run_at = COALESCE($10, run_at), defer_reason = $11, dead_reason = $12, \
+                 last_error = COALESCE($13, last_error), result = COALESCE($14, result), \
+                 lease_owner = CASE WHEN $3 = 'running' THEN lease_owner ELSE NULL END, \
+                 lease_expires_at = CASE WHEN $3 = 'running' THEN lease_expires_at ELSE NULL END, \
+                 finished_at = $15, updated_at = $16 \
+                 WHERE id = $1 AND lease_token = $2 AND state = 'running' \
+                 RETURNING replays"
+                    .into(),
+            ),
+            insert_attempt: fill(
+                "INSERT INTO redrive_attempts (job_id, number, replay, lease_token, worker, started_at, \
+                 duration_ms, class, http_status, error, delay_ms, mode, counted) \
+                 VALUES ($1, (SELECT COUNT(*) + 1 FROM redrive_attempts WHERE job_id = $1 AND replay = $2), \
+                 $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+                    .into(),
+            ),
+            heartbeat: fill(
+                "UPDATE redrive_jobs SET lease_expires_at = $3, updated_at = $4 \
+                 WHERE id = $1 AND lease_token = $2 AND state = 'running'"
+                    .into(),
+            ),
+            cancel: fill(format!(
+                "UPDATE redrive_jobs SET state = 'cancelled', \
+                 lease_token = CASE WHEN state = 'running' THEN lease_token + 1 ELSE lease_token END, \
+                 lease_owner = NULL, lease_expires_at = NULL, finished_at = $2, updated_at = $2 \
+                 WHERE id = $1 AND state IN ('scheduled', 'available', 'deferred', 'running') \
+                 RETURNING {JOB_COLS}"
+            )),
+            replay_ids: fill(format!(
+                "UPDATE redrive_jobs SET {REPLAY_SET} WHERE state = 'dead' AND id IN JSON_IDS_2"
+            )),
+            replay_all: fill(format!(
+                "UPDATE redrive_jobs SET {REPLAY_SET} WHERE state = 'dead' AND ($2 IS NULL OR queue = $2)"
+            )),
+            purge_ids: fill(
+                "DELETE FROM redrive_jobs WHERE state = 'dead' AND id IN JSON_IDS_1".into(),
+            ),
+            purge_all: fill(
+                "DELETE FROM redrive_jobs WHERE state = 'dead' AND ($1 IS NULL OR queue = $1)".into(),
+            ),
+            rescue: fill(
+                "UPDATE redrive_jobs SET attempts = attempts + 1, \
+                 state = CASE WHEN attempts + 1 >= max_attempts THEN 'dead' ELSE 'available' END, \
+                 dead_reason = CASE WHEN attempts + 1 >= max_attempts THEN 'lease_expired' ELSE NULL END, \
+                 finished_at = CASE WHEN attempts + 1 >= max_attempts THEN $1 ELSE NULL END, \
+                 first_attempt_at = COALESCE(first_attempt_at, $1), \
+                 lease_token = lease_token + 1, lease_owner = NULL, lease_expires_at = NULL, \
+                 run_at = $1, last_error = 'lease expired: the worker stopped heartbeating', updated_at = $1 \
+                 WHERE state = 'running' AND lease_expires_at < $1 AND id IN \
+                   (SELECT id FROM redrive_jobs WHERE state = 'running' AND lease_expires_at < $1 \
+                    ORDER BY lease_expires_at LIMIT $2) \
+                 RETURNING id, state, lease_token, replays"
+                    .into(),
+            ),
+            rescue_attempt: fill(
+                "INSERT INTO redrive_attempts (job_id, number, replay, lease_token, worker, started_at, \
+                 duration_ms, class, http_status, error, delay_ms, mode, counted) \
+                 VALUES ($1, (SELECT COUNT(*) + 1 FROM redrive_attempts WHERE job_id = $1 AND replay = $2), \
+                 $2, $3, NULL, $4, 0, 'timeout', NULL, 'lease expired: the worker stopped heartbeating', \
+                 NULL, NULL, TRUE)"
+                    .into(),
+            ),
+            prune: fill(
+                "DELETE FROM redrive_jobs WHERE finished_at < $1 \
+                 AND (state IN ('succeeded', 'cancelled') OR ($2 AND state = 'dead'))"
+                    .into(),
+            ),
+            list: fill(format!(
+                "SELECT {JOB_COLS} FROM redrive_jobs WHERE ($1 IS NULL OR state = $1) \
+                 AND ($2 IS NULL OR queue = $2) AND ($3 IS NULL OR dead_reason = $3) AND id > $4 \
+                 ORDER BY id LIMIT $5"
+            )),
+            counts: fill(
+                "SELECT queue, state, COUNT(*) AS n FROM redrive_jobs GROUP BY queue, state \
+                 ORDER BY queue, state"
+                    .into(),
+            ),
+            next_due: fill(
+                "SELECT MIN(CASE WHEN d.name IS NULL THEN j.run_at ELSE GREATEST(j.run_at, \
+                   COALESCE(d.paused_until, 0), \
+                   CASE WHEN d.state = 'open' THEN COALESCE(d.open_until, 0) ELSE 0 END) END) \
+                 FROM redrive_jobs j LEFT JOIN redrive_dependencies d ON d.name = j.dependency \
+                 WHERE j.state IN ('scheduled', 'available', 'deferred') AND j.queue IN JSON_TEXTS_1"
+                    .into(),
+            ),
+            get_dep: fill(format!("SELECT {DEP_COLS} FROM redrive_dependencies WHERE name = $1")),
+            list_deps: fill(format!("SELECT {DEP_COLS} FROM redrive_dependencies ORDER BY name")),
+            upsert_breaker: fill(
+                "INSERT INTO redrive_dependencies (name, state, open_until, probe_permits, updated_at) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO UPDATE SET state = excluded.state, \
+                 open_until = excluded.open_until, probe_permits = excluded.probe_permits, \
+                 updated_at = excluded.updated_at \
+                 WHERE $6 IS NULL OR redrive_dependencies.state = $6 RETURNING name"
+                    .into(),
+            ),
+            insert_event: fill(
+                "INSERT INTO redrive_dependency_events (dependency, at, from_state, to_state, reason) \
+                 VALUES ($1, $2, $3, $4, $5)"
+                    .into(),
+            ),
+            events: fill(
+                "SELECT id, dependency, at, from_state, to_state, reason FROM redrive_dependency_events \
+                 WHERE ($1 IS NULL OR dependency = $1) ORDER BY id DESC LIMIT $2"
+                    .into(),
+            ),
+            take_probe: fill(
+                "UPDATE redrive_dependencies SET probe_permits = probe_permits - 1, updated_at = $2 \
+                 WHERE name = $1 AND state = 'half_open' AND probe_permits > 0 RETURNING probe_permits"
+                    .into(),
+            ),
+            pause: fill(
+                "INSERT INTO redrive_dependencies (name, paused_until, pause_reason, updated_at) \
+                 VALUES ($1, $2, $3, $4) ON CONFLICT (name) DO UPDATE SET \
+                 paused_until = GREATEST(COALESCE(redrive_dependencies.paused_until, 0), excluded.paused_until), \
+                 pause_reason = excluded.pause_reason, updated_at = excluded.updated_at"
+                    .into(),
+            ),
+            unpause: fill(
+                "UPDATE redrive_dependencies SET paused_until = NULL, pause_reason = NULL, updated_at = $2 \
+                 WHERE name = $1"
+                    .into(),
+            ),
+        }
+    }
+}
+
+const REPLAY_SET: &str = "state = 'available', run_at = $1, attempts = 0, exceptions = 0, defers = 0, \
+    consecutive_auth = 0, prev_delay_ms = NULL, first_attempt_at = NULL, \
+    deadline = CASE WHEN ttl_ms IS NULL THEN NULL ELSE $1 + ttl_ms END, dead_reason = NULL, \
+    defer_reason = NULL, replays = replays + 1, finished_at = NULL, updated_at = $1";

@@ -1,0 +1,998 @@
+//! One conformance suite, run against both backends: every test below exists twice, as
+//! `sqlite::NAME` and `postgres::NAME`. The PostgreSQL run uses `REDRIVE_TEST_POSTGRES_URL`
+//! (default `postgres://postgres@127.0.0.1:5432/test`), one fresh schema per test; it fails,
+//! not skips, when `CI=true` and the server is unreachable.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use chrono::Utc;
+use redrive_policy::{DeadReason, DeferReason, FailureClass, JobCounters};
+use redrive_store::*;
+use serde_json::json;
+
+struct Harness {
+    store: Store,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Harness {
+    async fn cleanup(self) {
+        if let Store::Postgres(pg) = &self.store {
+            pg.drop_schema().await.expect("drop schema");
+        }
+    }
+}
+
+async fn sqlite() -> Option<Harness> {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("q.db").display());
+    Some(Harness {
+        store: Store::connect(&url).await.expect("sqlite store"),
+        _dir: Some(dir),
+    })
+}
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+async fn postgres() -> Option<Harness> {
+    let url = std::env::var("REDRIVE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let schema = format!(
+        "rdt_{}_{}_{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed),
+        Utc::now().timestamp_micros() % 1_000_000
+    );
+    match PgStore::connect(&url, Some(&schema), 16).await {
+        Ok(pg) => Some(Harness {
+            store: Store::Postgres(pg),
+            _dir: None,
+        }),
+        Err(e) => {
+            if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+                panic!("PostgreSQL at {url} is unreachable and CI=true: {e}");
+            }
+            eprintln!("skipping: PostgreSQL at {url} is unreachable: {e}");
+            None
+        }
+    }
+}
+
+fn ms(t: i64) -> Timestamp {
+    from_millis(t)
+}
+
+const T0: i64 = 1_800_000_000_000;
+
+fn job(queue: &str) -> NewJob {
+    NewJob::new(queue, "noop", json!({"n": 1}))
+}
+
+fn claim_params(queue: &str, limit: u32, now: Timestamp) -> ClaimParams {
+    ClaimParams {
+        queues: vec![queue.into()],
+        worker: "w".into(),
+        limit,
+        lease: Duration::from_secs(30),
+        now,
+    }
+}
+
+fn done(job: &Job, now: Timestamp) -> Completion {
+    Completion {
+        lease: job.lease(),
+        attempt: Some(attempt(FailureClass::Success, now)),
+        counters: JobCounters {
+            attempts: job.attempts + 1,
+            first_attempt_at: Some(now),
+            ..job.counters()
+        },
+        transition: Transition::Succeeded {
+            result: json!({"ok": true}),
+        },
+        error: None,
+        now,
+    }
+}
+
+fn attempt(class: FailureClass, now: Timestamp) -> NewAttempt {
+    NewAttempt {
+        worker: Some("w".into()),
+        started_at: now,
+        duration: Duration::from_millis(5),
+        class,
+        http_status: None,
+        error: None,
+        counted: true,
+    }
+}
+
+fn with(job: &Job, transition: Transition, now: Timestamp) -> Completion {
+    Completion {
+        lease: job.lease(),
+        attempt: Some(attempt(FailureClass::Infrastructure, now)),
+        counters: JobCounters {
+            attempts: job.attempts + 1,
+            first_attempt_at: Some(now),
+            ..job.counters()
+        },
+        transition,
+        error: Some("503 from psp".into()),
+        now,
+    }
+}
+
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    if let Some(h) = super::sqlite().await {
+                        super::cases::$name(&h.store).await;
+                        h.cleanup().await;
+                    }
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    if let Some(h) = super::postgres().await {
+                        super::cases::$name(&h.store).await;
+                        h.cleanup().await;
+                    }
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    enqueue_dedupes_on_key,
+    concurrent_enqueues_of_one_key_make_one_job,
+    enqueue_in_callers_transaction,
+    bad_input_is_refused_naming_the_field,
+    claim_order_and_schedule,
+    eight_claimers_ten_thousand_jobs_each_claimed_once,
+    stale_token_cannot_write,
+    expired_lease_is_rescued_exactly_once,
+    rescue_out_of_attempts_dies_lease_expired,
+    retry_in_process_and_defer_record_attempts,
+    replay_and_purge,
+    pagination_is_stable_under_concurrent_inserts,
+    paused_or_open_dependency_is_not_claimed,
+    half_open_probe_permits,
+    breaker_compare_and_set_and_events,
+    cancel_revokes_a_running_lease,
+    counts_next_due_and_prune,
+    wake_up_on_enqueue,
+);
+
+mod cases {
+    use super::*;
+
+    pub(super) async fn enqueue_dedupes_on_key(s: &Store) {
+        let now = ms(T0);
+        let a = s.enqueue(&job("q").key("k1"), now).await.unwrap();
+        assert!(a.created);
+        assert_eq!(a.job.state, JobState::Available);
+        let b = s
+            .enqueue(&job("q").key("k1").priority(5), now)
+            .await
+            .unwrap();
+        assert!(!b.created);
+        assert_eq!(b.job.id, a.job.id);
+        assert_eq!(b.job.priority, 0, "the existing job is returned unchanged");
+        // Keys are unique per queue.
+        let c = s.enqueue(&job("other").key("k1"), now).await.unwrap();
+        assert!(c.created);
+        assert_ne!(c.job.id, a.job.id);
+        // No key: always a new job.
+        let d1 = s.enqueue(&job("q"), now).await.unwrap();
+        let d2 = s.enqueue(&job("q"), now).await.unwrap();
+        assert!(d1.created && d2.created && d1.job.id != d2.job.id);
+        // Batches dedupe too, also within the batch.
+        let many = s
+            .enqueue_many(
+                &[job("q").key("k1"), job("q").key("k2"), job("q").key("k2")],
+                now,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            many.iter().map(|e| e.created).collect::<Vec<_>>(),
+            [false, true, false]
+        );
+        assert_eq!(many[0].job.id, a.job.id);
+        assert_eq!(many[1].job.id, many[2].job.id);
+        let fetched = s.get(a.job.id).await.unwrap().unwrap();
+        assert_eq!(fetched.payload, json!({"n": 1}));
+        assert_eq!(fetched.key.as_deref(), Some("k1"));
+        assert!(s.get(999_999).await.unwrap().is_none());
+    }
+
+    pub(super) async fn concurrent_enqueues_of_one_key_make_one_job(s: &Store) {
+        let now = ms(T0);
+        let mut tasks = Vec::new();
+        for _ in 0..16 {
+            let s = s.clone();
+            tasks.push(tokio::spawn(async move {
+                s.enqueue(&job("q").key("same"), now).await
+            }));
+        }
+        let mut ids = HashSet::new();
+        let mut created = 0;
+        for t in tasks {
+            let e = t.await.unwrap().expect("no error under concurrent enqueue");
+            ids.insert(e.job.id);
+            created += usize::from(e.created);
+        }
+        assert_eq!(ids.len(), 1);
+        assert_eq!(created, 1);
+        let page = s.list(&ListParams::default()).await.unwrap();
+        assert_eq!(page.jobs.len(), 1);
+    }
+
+    pub(super) async fn enqueue_in_callers_transaction(s: &Store) {
+        let now = ms(T0);
+        match s {
+            Store::Sqlite(lite) => {
+                let mut tx = lite.pool().begin().await.unwrap();
+                lite.enqueue_in(&mut tx, &job("q").key("rolled"), now)
+                    .await
+                    .unwrap();
+                tx.rollback().await.unwrap();
+                let mut tx = lite.pool().begin().await.unwrap();
+                lite.enqueue_in(&mut tx, &job("q").key("kept"), now)
+                    .await
+                    .unwrap();
+                tx.commit().await.unwrap();
+            }
+            Store::Postgres(pg) => {
+                let mut tx = pg.pool().begin().await.unwrap();
+                pg.enqueue_in(&mut tx, &job("q").key("rolled"), now)
+                    .await
+                    .unwrap();
+                tx.rollback().await.unwrap();
+                let mut tx = pg.pool().begin().await.unwrap();
+                pg.enqueue_in(&mut tx, &job("q").key("kept"), now)
+                    .await
+                    .unwrap();
+                tx.commit().await.unwrap();
+            }
+        }
+        let keys: Vec<_> = s
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .jobs
+            .into_iter()
+            .map(|j| j.key)
+            .collect();
+        assert_eq!(keys, [Some("kept".to_string())]);
+    }
+
+    pub(super) async fn bad_input_is_refused_naming_the_field(s: &Store) {
+        let now = ms(T0);
+        let e = s.enqueue(&job(""), now).await.unwrap_err();
+        assert!(e.to_string().contains("queue"), "{e}");
+        let e = s.enqueue(&job("q").max_attempts(0), now).await.unwrap_err();
+        assert!(
+            e.to_string().contains("max_attempts") && e.to_string().contains('0'),
+            "{e}"
+        );
+        let e = s
+            .enqueue(&job("q").key("x".repeat(300)), now)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("key"), "{e}");
+        let e = s.enqueue(&job("q").key("a\u{0}b"), now).await.unwrap_err();
+        assert!(e.to_string().contains("control"), "{e}");
+        // Nothing was stored.
+        assert!(
+            s.list(&ListParams::default())
+                .await
+                .unwrap()
+                .jobs
+                .is_empty()
+        );
+    }
+
+    pub(super) async fn claim_order_and_schedule(s: &Store) {
+        let now = ms(T0);
+        let low = s.enqueue(&job("q").priority(5), now).await.unwrap().job;
+        let high = s.enqueue(&job("q").priority(-1), now).await.unwrap().job;
+        let later = s
+            .enqueue(&job("q").run_at(ms(T0 + 60_000)), now)
+            .await
+            .unwrap()
+            .job;
+        assert_eq!(later.state, JobState::Scheduled);
+        let normal = s.enqueue(&job("q"), now).await.unwrap().job;
+        s.enqueue(&job("elsewhere"), now).await.unwrap();
+        let got = s.claim(&claim_params("q", 10, now)).await.unwrap();
+        let ids: Vec<_> = got.iter().map(|j| j.id).collect();
+        assert_eq!(ids, [high.id, normal.id, low.id]);
+        assert!(
+            got.iter()
+                .all(|j| j.state == JobState::Running && j.lease_token == 1)
+        );
+        assert_eq!(got[0].lease_owner.as_deref(), Some("w"));
+        assert_eq!(got[0].lease_expires_at, Some(ms(T0 + 30_000)));
+        assert!(
+            s.claim(&claim_params("q", 10, now))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        let due = s
+            .claim(&claim_params("q", 10, ms(T0 + 60_000)))
+            .await
+            .unwrap();
+        assert_eq!(due.iter().map(|j| j.id).collect::<Vec<_>>(), [later.id]);
+    }
+
+    pub(super) async fn eight_claimers_ten_thousand_jobs_each_claimed_once(s: &Store) {
+        let now = ms(T0);
+        for chunk in 0..10 {
+            let batch: Vec<NewJob> = (0..1000)
+                .map(|i| job("bulk").key(format!("k{chunk}-{i}")))
+                .collect();
+            s.enqueue_many(&batch, now).await.unwrap();
+        }
+        let mut tasks = Vec::new();
+        for w in 0..8 {
+            let s = s.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut mine = Vec::new();
+                loop {
+                    let mut p = claim_params("bulk", 64, now);
+                    p.worker = format!("w{w}");
+                    let got = s.claim(&p).await.unwrap();
+                    if got.is_empty() {
+                        break;
+                    }
+                    let cs: Vec<_> = got.iter().map(|j| done(j, now)).collect();
+                    for r in s.complete_many(&cs).await.unwrap() {
+                        r.expect("our own lease holds");
+                    }
+                    mine.extend(got.into_iter().map(|j| j.id));
+                }
+                mine
+            }));
+        }
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await.unwrap());
+        }
+        let distinct: HashSet<_> = all.iter().copied().collect();
+        assert_eq!(all.len(), 10_000, "claimed {} times in all", all.len());
+        assert_eq!(distinct.len(), 10_000);
+        let counts = s.counts().await.unwrap();
+        assert_eq!(
+            counts,
+            vec![QueueCount {
+                queue: "bulk".into(),
+                state: JobState::Succeeded,
+                count: 10_000
+            }]
+        );
+    }
+
+    pub(super) async fn stale_token_cannot_write(s: &Store) {
+        let now = ms(T0);
+        s.enqueue(&job("q").max_attempts(5), now).await.unwrap();
+        let first = s.claim(&claim_params("q", 1, now)).await.unwrap().remove(0);
+        let later = ms(T0 + 31_000);
+        assert_eq!(s.rescue(later, 100).await.unwrap().len(), 1);
+        let second = s
+            .claim(&claim_params("q", 1, later))
+            .await
+            .unwrap()
+            .remove(0);
+        assert_eq!(second.id, first.id);
+        assert!(second.lease_token > first.lease_token);
+
+        let stale = |t: Transition| with(&first, t, later);
+        for t in [
+            Transition::Succeeded { result: json!(1) },
+            Transition::Deferred {
+                until: ms(T0 + 90_000),
+                reason: DeferReason::Backoff,
+                delay: Duration::from_secs(60),
+            },
+            Transition::Dead {
+                reason: DeadReason::Permanent,
+            },
+            Transition::RetryInProcess {
+                delay: Duration::from_millis(100),
+            },
+            Transition::Released,
+        ] {
+            let e = s.complete(&stale(t.clone())).await.unwrap_err();
+            assert!(e.is_lease_lost(), "{t:?}: {e}");
+        }
+        let e = s
+            .heartbeat(first.lease(), Duration::from_secs(30), later)
+            .await
+            .unwrap_err();
+        assert!(e.is_lease_lost());
+        // Batched: the stale item fails alone.
+        let res = s
+            .complete_many(&[stale(Transition::Succeeded { result: json!(1) })])
+            .await
+            .unwrap();
+        assert!(res[0].as_ref().unwrap_err().is_lease_lost());
+        // Nothing of the stale worker was written.
+        let j = s.get(first.id).await.unwrap().unwrap();
+        assert_eq!(j.state, JobState::Running);
+        assert_eq!(j.lease_token, second.lease_token);
+        assert_eq!(
+            s.attempts(first.id).await.unwrap().len(),
+            1,
+            "only the rescue's attempt"
+        );
+        // The current holder can.
+        let until = s
+            .heartbeat(second.lease(), Duration::from_secs(30), later)
+            .await
+            .unwrap();
+        assert_eq!(until, ms(T0 + 61_000));
+        s.complete(&done(&second, later)).await.unwrap();
+        assert_eq!(
+            s.get(first.id).await.unwrap().unwrap().state,
+            JobState::Succeeded
+        );
+    }
+
+    pub(super) async fn expired_lease_is_rescued_exactly_once(s: &Store) {
+        let now = ms(T0);
+        for _ in 0..20 {
+            s.enqueue(&job("q").max_attempts(5), now).await.unwrap();
+        }
+        let claimed = s.claim(&claim_params("q", 20, now)).await.unwrap();
+        assert_eq!(claimed.len(), 20);
+        // Not yet expired.
+        assert!(s.rescue(ms(T0 + 29_999), 100).await.unwrap().is_empty());
+        let later = ms(T0 + 30_001);
+        let mut tasks = Vec::new();
+        for _ in 0..4 {
+            let s = s.clone();
+            tasks.push(tokio::spawn(
+                async move { s.rescue(later, 1000).await.unwrap() },
+            ));
+        }
+        let mut rescued = Vec::new();
+        for t in tasks {
+            rescued.extend(t.await.unwrap());
+        }
+        assert_eq!(rescued.len(), 20);
+        assert_eq!(
+            rescued.iter().map(|r| r.id).collect::<HashSet<_>>().len(),
+            20
+        );
+        assert!(rescued.iter().all(|r| !r.dead));
+        let j = s.get(claimed[0].id).await.unwrap().unwrap();
+        assert_eq!(j.state, JobState::Available);
+        assert_eq!(j.attempts, 1, "the lost attempt counts");
+        assert_eq!(j.lease_owner, None);
+        let a = s.attempts(j.id).await.unwrap();
+        assert_eq!(a.len(), 1);
+        assert_eq!(a[0].class, "timeout");
+        assert_eq!(a[0].lease_token, claimed[0].lease_token);
+        assert!(a[0].error.as_deref().unwrap().contains("lease expired"));
+    }
+
+    pub(super) async fn rescue_out_of_attempts_dies_lease_expired(s: &Store) {
+        let now = ms(T0);
+        let id = s
+            .enqueue(&job("q").max_attempts(2), now)
+            .await
+            .unwrap()
+            .job
+            .id;
+        let mut t = T0;
+        for round in 0..2 {
+            let got = s.claim(&claim_params("q", 1, ms(t))).await.unwrap();
+            assert_eq!(got.len(), 1, "round {round}");
+            t += 31_000;
+            s.rescue(ms(t), 10).await.unwrap();
+        }
+        let j = s.get(id).await.unwrap().unwrap();
+        assert_eq!(j.state, JobState::Dead);
+        assert_eq!(j.dead_reason.as_deref(), Some("lease_expired"));
+        assert_eq!(j.attempts, 2);
+        assert!(j.finished_at.is_some());
+        let a = s.attempts(id).await.unwrap();
+        assert_eq!(a.iter().map(|a| a.number).collect::<Vec<_>>(), [1, 2]);
+    }
+
+    pub(super) async fn retry_in_process_and_defer_record_attempts(s: &Store) {
+        let now = ms(T0);
+        let id = s.enqueue(&job("q"), now).await.unwrap().job.id;
+        let j = s.claim(&claim_params("q", 1, now)).await.unwrap().remove(0);
+        let mut c = with(
+            &j,
+            Transition::RetryInProcess {
+                delay: Duration::from_millis(150),
+            },
+            now,
+        );
+        c.attempt.as_mut().unwrap().http_status = Some(503);
+        c.counters.prev_delay = Some(Duration::from_millis(150));
+        s.complete(&c).await.unwrap();
+        let j2 = s.get(id).await.unwrap().unwrap();
+        assert_eq!(j2.state, JobState::Running, "still leased");
+        assert_eq!(j2.lease_token, j.lease_token);
+        assert_eq!(j2.attempts, 1);
+        assert_eq!(j2.prev_delay_ms, Some(150));
+        assert_eq!(j2.last_error.as_deref(), Some("503 from psp"));
+        let until = ms(T0 + 120_000);
+        s.complete(&with(
+            &j2,
+            Transition::Deferred {
+                until,
+                reason: DeferReason::RateLimited,
+                delay: Duration::from_secs(120),
+            },
+            ms(T0 + 200),
+        ))
+        .await
+        .unwrap();
+        let j3 = s.get(id).await.unwrap().unwrap();
+        assert_eq!(j3.state, JobState::Deferred);
+        assert_eq!(j3.defer_reason.as_deref(), Some("rate_limited"));
+        assert_eq!(j3.run_at, until);
+        assert_eq!(j3.attempts, 2);
+        assert_eq!(j3.lease_owner, None);
+        let a = s.attempts(id).await.unwrap();
+        assert_eq!(a.len(), 2);
+        assert_eq!(
+            (
+                a[0].number,
+                a[0].mode.as_deref(),
+                a[0].delay_ms,
+                a[0].http_status
+            ),
+            (1, Some("retry"), Some(150), Some(503))
+        );
+        assert_eq!(
+            (a[1].number, a[1].mode.as_deref(), a[1].delay_ms),
+            (2, Some("defer"), Some(120_000))
+        );
+        assert_eq!(a[0].class, "infrastructure");
+        // Not claimable before run_at; claimable after.
+        assert!(
+            s.claim(&claim_params("q", 1, ms(T0 + 119_999)))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        let j4 = s
+            .claim(&claim_params("q", 1, until))
+            .await
+            .unwrap()
+            .remove(0);
+        assert_eq!(j4.lease_token, j.lease_token + 1);
+        // A release (shutdown) puts it back without an attempt.
+        s.complete(&Completion {
+            lease: j4.lease(),
+            attempt: None,
+            counters: j4.counters(),
+            transition: Transition::Released,
+            error: None,
+            now: until,
+        })
+        .await
+        .unwrap();
+        let j5 = s.get(id).await.unwrap().unwrap();
+        assert_eq!((j5.state, j5.attempts), (JobState::Available, 2));
+        assert_eq!(s.attempts(id).await.unwrap().len(), 2);
+    }
+
+    pub(super) async fn replay_and_purge(s: &Store) {
+        let now = ms(T0);
+        let mut ids = Vec::new();
+        for i in 0..4 {
+            let q = if i < 3 { "a" } else { "b" };
+            ids.push(
+                s.enqueue(&job(q).ttl(Duration::from_secs(600)), now)
+                    .await
+                    .unwrap()
+                    .job
+                    .id,
+            );
+        }
+        for q in ["a", "b"] {
+            for j in s.claim(&claim_params(q, 10, now)).await.unwrap() {
+                s.complete(&with(
+                    &j,
+                    Transition::Dead {
+                        reason: DeadReason::AttemptsExhausted,
+                    },
+                    now,
+                ))
+                .await
+                .unwrap();
+            }
+        }
+        let dead = s
+            .list(&ListParams {
+                state: Some(JobState::Dead),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(dead.jobs.len(), 4);
+        assert_eq!(
+            dead.jobs[0].dead_reason.as_deref(),
+            Some("attempts_exhausted")
+        );
+        let by_reason = s
+            .list(&ListParams {
+                dead_reason: Some("permanent".into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert!(by_reason.jobs.is_empty());
+        // Replay one: fresh budgets, history kept, deadline from the replay.
+        let later = ms(T0 + 1_000_000);
+        assert_eq!(
+            s.replay(&Selection::Ids(vec![ids[0]]), later)
+                .await
+                .unwrap(),
+            1
+        );
+        let j = s.get(ids[0]).await.unwrap().unwrap();
+        assert_eq!(
+            (j.state, j.attempts, j.replays),
+            (JobState::Available, 0, 1)
+        );
+        assert_eq!(j.dead_reason, None);
+        assert_eq!(j.first_attempt_at, None);
+        assert_eq!(j.deadline, Some(ms(T0 + 1_000_000 + 600_000)));
+        assert_eq!(s.attempts(ids[0]).await.unwrap().len(), 1);
+        // Replaying a job that is not dead does nothing.
+        assert_eq!(
+            s.replay(&Selection::Ids(vec![ids[0]]), later)
+                .await
+                .unwrap(),
+            0
+        );
+        // A new attempt after replay is number 1 of run 1.
+        let j = s
+            .claim(&claim_params("a", 1, later))
+            .await
+            .unwrap()
+            .remove(0);
+        s.complete(&done(&j, later)).await.unwrap();
+        let a = s.attempts(ids[0]).await.unwrap();
+        assert_eq!(
+            a.iter().map(|a| (a.replay, a.number)).collect::<Vec<_>>(),
+            [(0, 1), (1, 1)]
+        );
+        // Replay all of queue a.
+        assert_eq!(
+            s.replay(
+                &Selection::All {
+                    queue: Some("a".into())
+                },
+                later
+            )
+            .await
+            .unwrap(),
+            2
+        );
+        // Purge: only dead ones go.
+        assert_eq!(
+            s.purge(&Selection::Ids(vec![ids[0], ids[1], ids[3]]))
+                .await
+                .unwrap(),
+            1
+        );
+        assert!(s.get(ids[3]).await.unwrap().is_none());
+        assert!(
+            s.attempts(ids[3]).await.unwrap().is_empty(),
+            "attempts go with the job"
+        );
+        assert!(s.get(ids[0]).await.unwrap().is_some());
+        assert_eq!(s.purge(&Selection::All { queue: None }).await.unwrap(), 0);
+    }
+
+    pub(super) async fn pagination_is_stable_under_concurrent_inserts(s: &Store) {
+        let now = ms(T0);
+        let batch: Vec<NewJob> = (0..100).map(|_| job("q")).collect();
+        let first: Vec<JobId> = s
+            .enqueue_many(&batch, now)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.job.id)
+            .collect();
+        let writer = {
+            let s = s.clone();
+            tokio::spawn(async move {
+                for _ in 0..50 {
+                    s.enqueue(&job("q"), now).await.unwrap();
+                }
+            })
+        };
+        let mut seen = Vec::new();
+        let mut after = None;
+        loop {
+            let page = s
+                .list(&ListParams {
+                    queue: Some("q".into()),
+                    after,
+                    limit: Some(7),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            assert!(page.jobs.len() <= 7);
+            seen.extend(page.jobs.iter().map(|j| j.id));
+            match page.next {
+                Some(n) => after = Some(n),
+                None => break,
+            }
+        }
+        writer.await.unwrap();
+        assert!(
+            seen.windows(2).all(|w| w[0] < w[1]),
+            "ids strictly increasing: no duplicates, no reordering"
+        );
+        for id in &first {
+            assert!(seen.contains(id), "job {id} was skipped");
+        }
+    }
+
+    pub(super) async fn paused_or_open_dependency_is_not_claimed(s: &Store) {
+        let now = ms(T0);
+        let psp = s
+            .enqueue(&job("q").dependency("psp-a"), now)
+            .await
+            .unwrap()
+            .job
+            .id;
+        let free = s.enqueue(&job("q"), now).await.unwrap().job.id;
+        let other = s
+            .enqueue(&job("q").dependency("psp-b"), now)
+            .await
+            .unwrap()
+            .job
+            .id;
+        s.pause("psp-a", ms(T0 + 10_000), "retry_after", now)
+            .await
+            .unwrap();
+        // A shorter pause never shortens a longer one.
+        s.pause("psp-a", ms(T0 + 5_000), "retry_after", now)
+            .await
+            .unwrap();
+        s.set_breaker(&BreakerUpdate {
+            dependency: "psp-b".into(),
+            expect: None,
+            state: "open".into(),
+            open_until: Some(ms(T0 + 20_000)),
+            probe_permits: 0,
+            reason: "failure rate 0.8".into(),
+            now,
+        })
+        .await
+        .unwrap();
+        let got: Vec<_> = s
+            .claim(&claim_params("q", 10, now))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|j| j.id)
+            .collect();
+        assert_eq!(got, [free]);
+        assert_eq!(
+            s.next_due(&["q".into()]).await.unwrap(),
+            Some(ms(T0 + 10_000))
+        );
+        let dep = s.dependency("psp-a").await.unwrap().unwrap();
+        assert_eq!(dep.paused_until, Some(ms(T0 + 10_000)));
+        assert!(
+            s.claim(&claim_params("q", 10, ms(T0 + 9_999)))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        let got: Vec<_> = s
+            .claim(&claim_params("q", 10, ms(T0 + 10_000)))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|j| j.id)
+            .collect();
+        assert_eq!(got, [psp]);
+        // Open breaker past its open_until: claimable again (the worker moves it to half-open).
+        let got: Vec<_> = s
+            .claim(&claim_params("q", 10, ms(T0 + 20_000)))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|j| j.id)
+            .collect();
+        assert_eq!(got, [other]);
+        s.unpause("psp-a", now).await.unwrap();
+        assert_eq!(
+            s.dependency("psp-a").await.unwrap().unwrap().paused_until,
+            None
+        );
+    }
+
+    pub(super) async fn half_open_probe_permits(s: &Store) {
+        let now = ms(T0);
+        for _ in 0..3 {
+            s.enqueue(&job("q").dependency("psp"), now).await.unwrap();
+        }
+        s.set_breaker(&BreakerUpdate {
+            dependency: "psp".into(),
+            expect: None,
+            state: "half_open".into(),
+            open_until: None,
+            probe_permits: 2,
+            reason: "cooldown over".into(),
+            now,
+        })
+        .await
+        .unwrap();
+        assert!(s.take_probe("psp", now).await.unwrap());
+        assert!(s.take_probe("psp", now).await.unwrap());
+        assert!(!s.take_probe("psp", now).await.unwrap(), "two permits only");
+        assert!(
+            s.claim(&claim_params("q", 10, now))
+                .await
+                .unwrap()
+                .is_empty(),
+            "no permits: nothing claimed"
+        );
+        assert!(!s.take_probe("nobody", now).await.unwrap());
+    }
+
+    pub(super) async fn breaker_compare_and_set_and_events(s: &Store) {
+        let now = ms(T0);
+        let open = |expect: Option<&str>, state: &str| BreakerUpdate {
+            dependency: "psp".into(),
+            expect: expect.map(String::from),
+            state: state.into(),
+            open_until: Some(ms(T0 + 10_000)),
+            probe_permits: 0,
+            reason: "test".into(),
+            now,
+        };
+        assert!(s.set_breaker(&open(Some("closed"), "open")).await.unwrap());
+        // A second worker seeing the same failure does not record a second transition.
+        assert!(!s.set_breaker(&open(Some("closed"), "open")).await.unwrap());
+        assert!(
+            s.set_breaker(&open(Some("open"), "half_open"))
+                .await
+                .unwrap()
+        );
+        assert!(
+            s.set_breaker(&open(Some("half_open"), "closed"))
+                .await
+                .unwrap()
+        );
+        let ev = s.dependency_events(Some("psp"), 10).await.unwrap();
+        let pairs: Vec<_> = ev
+            .iter()
+            .map(|e| (e.from.as_str(), e.to.as_str()))
+            .collect();
+        assert_eq!(
+            pairs,
+            [
+                ("half_open", "closed"),
+                ("open", "half_open"),
+                ("closed", "open")
+            ]
+        );
+        let deps = s.dependencies().await.unwrap();
+        assert_eq!(deps.len(), 1);
+        assert_eq!(deps[0].state, "closed");
+    }
+
+    pub(super) async fn cancel_revokes_a_running_lease(s: &Store) {
+        let now = ms(T0);
+        let a = s.enqueue(&job("q"), now).await.unwrap().job.id;
+        let b = s
+            .enqueue(&job("q").run_at(ms(T0 + 1000)), now)
+            .await
+            .unwrap()
+            .job
+            .id;
+        let running = s.claim(&claim_params("q", 1, now)).await.unwrap().remove(0);
+        assert_eq!(running.id, a);
+        let c = s.cancel(a, now).await.unwrap();
+        assert_eq!(c.state, JobState::Cancelled);
+        assert!(
+            s.complete(&done(&running, now))
+                .await
+                .unwrap_err()
+                .is_lease_lost()
+        );
+        assert!(
+            s.heartbeat(running.lease(), Duration::from_secs(1), now)
+                .await
+                .unwrap_err()
+                .is_lease_lost()
+        );
+        assert_eq!(s.cancel(b, now).await.unwrap().state, JobState::Cancelled);
+        let e = s.cancel(b, now).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                StoreError::WrongState {
+                    state: JobState::Cancelled,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(matches!(
+            s.cancel(424_242, now).await.unwrap_err(),
+            StoreError::NotFound(424_242)
+        ));
+    }
+
+    pub(super) async fn counts_next_due_and_prune(s: &Store) {
+        let now = ms(T0);
+        assert_eq!(s.next_due(&["q".into()]).await.unwrap(), None);
+        s.enqueue(&job("q").run_at(ms(T0 + 5000)), now)
+            .await
+            .unwrap();
+        let id = s.enqueue(&job("q"), now).await.unwrap().job.id;
+        assert_eq!(s.next_due(&["q".into()]).await.unwrap(), Some(now));
+        let j = s.claim(&claim_params("q", 1, now)).await.unwrap().remove(0);
+        assert_eq!(j.id, id);
+        s.complete(&done(&j, now)).await.unwrap();
+        assert_eq!(
+            s.next_due(&["q".into()]).await.unwrap(),
+            Some(ms(T0 + 5000))
+        );
+        let counts = s.counts().await.unwrap();
+        assert_eq!(
+            counts,
+            vec![
+                QueueCount {
+                    queue: "q".into(),
+                    state: JobState::Scheduled,
+                    count: 1
+                },
+                QueueCount {
+                    queue: "q".into(),
+                    state: JobState::Succeeded,
+                    count: 1
+                },
+            ]
+        );
+        assert_eq!(
+            s.prune(now, false).await.unwrap(),
+            0,
+            "finished at now, not before"
+        );
+        assert_eq!(s.prune(ms(T0 + 1), false).await.unwrap(), 1);
+        assert!(s.get(id).await.unwrap().is_none());
+    }
+
+    pub(super) async fn wake_up_on_enqueue(s: &Store) {
+        let mut rx = s.subscribe();
+        rx.borrow_and_update();
+        let s2 = s.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            s2.enqueue(&job("q"), Utc::now()).await.unwrap();
+        });
+        tokio::time::timeout(Duration::from_secs(5), rx.changed())
+            .await
+            .expect("woken")
+            .unwrap();
+    }
+}
