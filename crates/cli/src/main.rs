@@ -57,6 +57,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let global = cli.global;
     match cli.command {
         Command::Policy(cmd) => cmd::policy::run(&global, cmd),
+        Command::Migrate => cmd::queue::migrate(&global),
+        Command::Enqueue(a) => cmd::queue::enqueue(&global, a),
+        Command::Jobs(a) => cmd::queue::jobs(&global, a),
+        Command::Show(a) => cmd::queue::show(&global, a),
+        Command::Dead(c) => cmd::queue::dead(&global, c),
+        Command::Cancel(a) => cmd::queue::cancel(&global, a),
+        Command::Stats(a) => cmd::queue::stats(&global, a),
+        Command::Breakers(a) => cmd::queue::breakers(&global, a),
+        Command::Bench(a) => cmd::bench::run(&global, a),
+        Command::PspSim(args) => cmd::psp_sim::run(&global, args),
         other => Err(anyhow::anyhow!(
             "`redrive {}` is not available in this build yet",
             other.name()

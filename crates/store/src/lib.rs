@@ -28,6 +28,7 @@
 //! # });
 //! ```
 
+mod batch;
 mod clock;
 mod error;
 mod model;

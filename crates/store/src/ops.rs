@@ -69,8 +69,53 @@ macro_rules! shared_ops {
                 }
                 let mut tx = self.tx().await?;
                 let mut out = Vec::with_capacity(jobs.len());
-                for j in jobs {
-                    out.push(self.enqueue_in(&mut tx, j, now).await?);
+                for chunk in jobs.chunks(self.sql.enqueue_chunk) {
+                    let sql = crate::batch::insert_sql(chunk.len());
+                    let mut q = sqlx::query_as::<_, crate::rows::JobRow>(sqlx::AssertSqlSafe(sql));
+                    for job in chunk {
+                        let run_at = job.run_at.unwrap_or(now);
+                        let ttl = job.ttl.map(crate::model::dur_ms);
+                        q = q
+                            .bind(job.queue.clone())
+                            .bind(job.kind.clone())
+                            .bind(job.payload.to_string())
+                            .bind(job.key.clone())
+                            .bind(job.dependency.clone())
+                            .bind(i64::from(job.priority))
+                            .bind(if run_at > now {
+                                "scheduled"
+                            } else {
+                                "available"
+                            })
+                            .bind(i64::from(job.max_attempts))
+                            .bind(job.policy.clone())
+                            .bind(crate::model::millis(run_at))
+                            .bind(ttl)
+                            .bind(ttl.map(|t| crate::model::millis(now).saturating_add(t)))
+                            .bind(crate::model::millis(now));
+                    }
+                    let rows = q.fetch_all(&mut *tx).await?;
+                    let mut created = Vec::with_capacity(rows.len());
+                    for r in rows {
+                        created.push(r.into_job()?);
+                    }
+                    let mut resolved = crate::batch::match_inserted(chunk, created);
+                    for (i, slot) in resolved.iter_mut().enumerate() {
+                        if slot.is_none() {
+                            // Refused by the unique index: the job with this key already existed.
+                            let existing: crate::rows::JobRow =
+                                sqlx::query_as(sqlx::AssertSqlSafe(self.sql.find_by_key.clone()))
+                                    .bind(&chunk[i].queue)
+                                    .bind(&chunk[i].key)
+                                    .fetch_one(&mut *tx)
+                                    .await?;
+                            *slot = Some(crate::Enqueued {
+                                job: existing.into_job()?,
+                                created: false,
+                            });
+                        }
+                    }
+                    out.extend(resolved.into_iter().flatten());
                 }
                 tx.commit().await?;
                 self.wake();
@@ -109,22 +154,28 @@ macro_rules! shared_ops {
                     return Ok(Vec::new());
                 }
                 crate::check_batch("limit", p.limit as usize)?;
-                let queues =
-                    serde_json::to_string(&p.queues).map_err(|e| crate::StoreError::Invalid {
-                        field: "queues",
-                        value: format!("{:?}", p.queues),
-                        reason: e.to_string(),
+                // One queue: an equality the claim index walks in order (no sort).
+                let (sql, queues) = if p.queues.len() == 1 {
+                    (self.sql.claim_one.clone(), p.queues[0].clone())
+                } else {
+                    let list = serde_json::to_string(&p.queues).map_err(|e| {
+                        crate::StoreError::Invalid {
+                            field: "queues",
+                            value: format!("{:?}", p.queues),
+                            reason: e.to_string(),
+                        }
                     })?;
+                    (self.sql.claim.clone(), list)
+                };
                 let now = crate::model::millis(p.now);
-                let rows: Vec<crate::rows::JobRow> =
-                    sqlx::query_as(sqlx::AssertSqlSafe(self.sql.claim.clone()))
-                        .bind(now)
-                        .bind(queues)
-                        .bind(i64::from(p.limit))
-                        .bind(&p.worker)
-                        .bind(now.saturating_add(crate::model::dur_ms(p.lease)))
-                        .fetch_all(&self.pool)
-                        .await?;
+                let rows: Vec<crate::rows::JobRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                    .bind(now)
+                    .bind(queues)
+                    .bind(i64::from(p.limit))
+                    .bind(&p.worker)
+                    .bind(now.saturating_add(crate::model::dur_ms(p.lease)))
+                    .fetch_all(&self.pool)
+                    .await?;
                 let mut jobs = rows
                     .into_iter()
                     .map(|r| r.into_job())
@@ -139,18 +190,13 @@ macro_rules! shared_ops {
                 c: &crate::Completion,
             ) -> crate::Result<()> {
                 use crate::model::{dur_ms, millis};
-                let state = c.transition.state();
-                let (run_at, defer_reason, dead_reason, result) = match &c.transition {
-                    crate::Transition::Deferred { until, reason, .. } => {
-                        (Some(millis(*until)), Some(reason.as_str()), None, None)
-                    }
-                    crate::Transition::Dead { reason } => (None, None, Some(reason.as_str()), None),
-                    crate::Transition::Succeeded { result } => {
-                        (None, None, None, Some(result.to_string()))
-                    }
-                    crate::Transition::Released => (Some(millis(c.now)), None, None, None),
-                    crate::Transition::RetryInProcess { .. } => (None, None, None, None),
-                };
+                let crate::batch::CompletionFields {
+                    state,
+                    run_at,
+                    defer_reason,
+                    dead_reason,
+                    result,
+                } = crate::batch::CompletionFields::of(c);
                 let k = &c.counters;
                 let replays: Option<i64> =
                     sqlx::query_scalar(sqlx::AssertSqlSafe(self.sql.complete.clone()))
@@ -212,17 +258,82 @@ macro_rules! shared_ops {
                 &self,
                 cs: &[crate::Completion],
             ) -> crate::Result<Vec<crate::Result<()>>> {
+                use crate::model::{dur_ms, millis};
                 crate::check_batch("completions", cs.len())?;
                 let mut tx = self.tx().await?;
                 let mut out = Vec::with_capacity(cs.len());
-                for c in cs {
-                    match self.complete_in(&mut tx, c).await {
-                        Err(e @ crate::StoreError::LeaseLost { .. }) => out.push(Err(e)),
-                        Err(e) => return Err(e),
-                        Ok(()) => out.push(Ok(())),
+                for chunk in cs.chunks(self.sql.complete_chunk) {
+                    let mut q = sqlx::query_as::<_, (i64, i64)>(sqlx::AssertSqlSafe(
+                        crate::batch::complete_sql(chunk.len()),
+                    ));
+                    for c in chunk {
+                        let f = crate::batch::CompletionFields::of(c);
+                        let k = &c.counters;
+                        q = q
+                            .bind(c.lease.job_id)
+                            .bind(c.lease.token)
+                            .bind(f.state.as_str())
+                            .bind(i64::from(k.attempts))
+                            .bind(i64::from(k.exceptions))
+                            .bind(i64::from(k.defers))
+                            .bind(i64::from(k.consecutive_auth))
+                            .bind(k.prev_delay.map(dur_ms))
+                            .bind(k.first_attempt_at.map(millis))
+                            .bind(f.run_at)
+                            .bind(f.defer_reason)
+                            .bind(f.dead_reason)
+                            .bind(c.error.clone())
+                            .bind(f.result)
+                            .bind(f.state.is_final().then(|| millis(c.now)))
+                            .bind(millis(c.now));
+                    }
+                    let applied: std::collections::HashMap<i64, i64> =
+                        q.fetch_all(&mut *tx).await?.into_iter().collect();
+                    let with_attempt: Vec<(&crate::Completion, i64)> = chunk
+                        .iter()
+                        .filter(|c| c.attempt.is_some())
+                        .filter_map(|c| applied.get(&c.lease.job_id).map(|r| (c, *r)))
+                        .collect();
+                    if !with_attempt.is_empty() {
+                        let mut q = sqlx::query(sqlx::AssertSqlSafe(crate::batch::attempts_sql(
+                            with_attempt.len(),
+                        )));
+                        for (c, replay) in &with_attempt {
+                            let Some(a) = &c.attempt else { continue };
+                            q = q
+                                .bind(c.lease.job_id)
+                                .bind(*replay)
+                                .bind(c.lease.token)
+                                .bind(a.worker.clone())
+                                .bind(millis(a.started_at))
+                                .bind(dur_ms(a.duration))
+                                .bind(a.class.as_str())
+                                .bind(a.http_status.map(i64::from))
+                                .bind(a.error.clone())
+                                .bind(c.transition.delay().map(dur_ms))
+                                .bind(c.transition.mode().map(|m| m.as_str()))
+                                .bind(a.counted);
+                        }
+                        q.execute(&mut *tx).await?;
+                    }
+                    for c in chunk {
+                        out.push(if applied.contains_key(&c.lease.job_id) {
+                            Ok(())
+                        } else {
+                            Err(crate::StoreError::LeaseLost {
+                                id: c.lease.job_id,
+                                token: c.lease.token,
+                            })
+                        });
                     }
                 }
                 tx.commit().await?;
+                if cs
+                    .iter()
+                    .any(|c| matches!(c.transition, crate::Transition::Released))
+                {
+                    self.wake();
+                }
                 Ok(out)
             }
 

@@ -20,6 +20,11 @@ pub(crate) struct Sql {
     pub(crate) get_job: Arc<str>,
     pub(crate) attempts_of: Arc<str>,
     pub(crate) claim: Arc<str>,
+    pub(crate) claim_one: Arc<str>,
+    /// Rows per multi-row insert (sqlx binds SQLite parameters in time quadratic in their number).
+    pub(crate) enqueue_chunk: usize,
+    /// Rows per multi-row completion.
+    pub(crate) complete_chunk: usize,
     pub(crate) complete: Arc<str>,
     pub(crate) insert_attempt: Arc<str>,
     pub(crate) heartbeat: Arc<str>,
@@ -107,6 +112,9 @@ impl Sql {
             attempts_of: fill(format!(
                 "SELECT {ATTEMPT_COLS} FROM redrive_attempts WHERE job_id = $1 ORDER BY id"
             )),
+            enqueue_chunk: if dialect == Dialect::Sqlite { 100 } else { 2_000 },
+            complete_chunk: if dialect == Dialect::Sqlite { 50 } else { 500 },
+            claim_one: fill(claim.replace("j.queue IN JSON_TEXTS_2", "j.queue = $2")),
             claim: fill(claim),
             complete: fill(
                 "UPDATE redrive_jobs SET state = $3, attempts = $4, exceptions = $5, defers = $6, \

@@ -1,3 +1,6 @@
 //! One module per subcommand.
 
+pub(crate) mod bench;
 pub(crate) mod policy;
+pub(crate) mod psp_sim;
+pub(crate) mod queue;

@@ -1,0 +1,297 @@
+//! `redrive bench`: store-level throughput with `noop` jobs — bulk enqueue, then drain
+//! (claim a batch → complete the batch) at several concurrencies, and idle pickup latency.
+//!
+//! It never touches your queue: SQLite runs in a temporary file (keeping the URL's
+//! `?synchronous=` setting), PostgreSQL in a temporary schema that is dropped afterwards.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use redrive_policy::{FailureClass, JobCounters};
+use redrive_store::{ClaimParams, Completion, NewAttempt, NewJob, PgStore, Store, Transition};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::args::{BenchArgs, Global};
+use crate::cmd::queue::block_on;
+use crate::error::usage;
+
+const QUEUE: &str = "bench";
+const ENQUEUE_BATCH: usize = 5_000;
+const CLAIM_BATCH: u32 = 200;
+
+#[derive(Debug, Serialize)]
+struct Run {
+    concurrency: u32,
+    jobs: u64,
+    enqueue_jobs_per_s: f64,
+    drain_jobs_per_s: f64,
+    drain_seconds: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    backend: &'static str,
+    runs: Vec<Run>,
+    pickup_latency_ms_p50: f64,
+    pickup_latency_ms_p99: f64,
+    pickup_samples: usize,
+}
+
+/// A throwaway store of the same backend as `--db`.
+struct Scratch {
+    store: Store,
+    _dir: Option<tempfile::TempDir>,
+}
+
+async fn scratch(db: &str, n: u32) -> anyhow::Result<Scratch> {
+    if let Some(rest) = db.strip_prefix("sqlite:") {
+        let dir = tempfile::tempdir()?;
+        let query = rest
+            .split_once('?')
+            .map(|(_, q)| format!("?{q}"))
+            .unwrap_or_default();
+        let url = format!(
+            "sqlite:{}{query}",
+            dir.path().join(format!("bench{n}.db")).display()
+        );
+        return Ok(Scratch {
+            store: Store::connect(&url).await?,
+            _dir: Some(dir),
+        });
+    }
+    if db.starts_with("postgres://") || db.starts_with("postgresql://") {
+        let schema = format!("redrive_bench_{}_{n}", std::process::id());
+        let base = db.split_once('?').map_or(db, |(b, _)| b);
+        let pg = PgStore::connect(base, Some(&schema), 80).await?;
+        return Ok(Scratch {
+            store: Store::Postgres(pg),
+            _dir: None,
+        });
+    }
+    Err(usage(format!(
+        "--db: {db:?} is neither sqlite:PATH nor postgres://…"
+    )))
+}
+
+async fn cleanup(s: Scratch) {
+    if let Store::Postgres(pg) = &s.store {
+        let _ = pg.drop_schema().await;
+    }
+}
+
+fn bar(len: u64, msg: String) -> ProgressBar {
+    let pb = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+    pb.set_style(
+        ProgressStyle::with_template("{msg:>24} [{bar:30}] {pos}/{len} {per_sec}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    pb.set_message(msg);
+    pb
+}
+
+pub(crate) fn run(global: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
+    let levels = if a.concurrency.is_empty() {
+        vec![1, 8, 64]
+    } else {
+        a.concurrency.clone()
+    };
+    if let Some(bad) = levels.iter().find(|c| **c == 0 || **c > 1024) {
+        return Err(usage(format!(
+            "--concurrency: {bad} is out of range 1..=1024"
+        )));
+    }
+    block_on(async move {
+        let mut runs = Vec::new();
+        let mut backend = "sqlite";
+        for (i, &c) in levels.iter().enumerate() {
+            let s = scratch(&global.db, i as u32).await?;
+            backend = s.store.backend();
+            let r = one_run(&s.store, a.jobs, c).await;
+            cleanup(s).await;
+            runs.push(r?);
+        }
+        let s = scratch(&global.db, 9_999).await?;
+        let lat = pickup(&s.store, 200).await;
+        cleanup(s).await;
+        let lat = lat?;
+        let report = Report {
+            backend,
+            runs,
+            pickup_latency_ms_p50: pct(&lat, 0.50),
+            pickup_latency_ms_p99: pct(&lat, 0.99),
+            pickup_samples: lat.len(),
+        };
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            println!("backend {}, {} noop jobs per run", report.backend, a.jobs);
+            println!(
+                "{:>11} {:>16} {:>16}",
+                "concurrency", "enqueue jobs/s", "drain jobs/s"
+            );
+            for r in &report.runs {
+                println!(
+                    "{:>11} {:>16.0} {:>16.0}",
+                    r.concurrency, r.enqueue_jobs_per_s, r.drain_jobs_per_s
+                );
+            }
+            println!(
+                "pickup latency (idle worker, job due now): p50 {:.1} ms, p99 {:.1} ms over {} jobs",
+                report.pickup_latency_ms_p50, report.pickup_latency_ms_p99, report.pickup_samples
+            );
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+fn pct(v: &[f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+async fn one_run(store: &Store, jobs: u64, concurrency: u32) -> anyhow::Result<Run> {
+    let now = chrono::Utc::now();
+    let pb = bar(jobs, format!("enqueue (c={concurrency})"));
+    let t = Instant::now();
+    let mut left = jobs;
+    while left > 0 {
+        let n = left.min(ENQUEUE_BATCH as u64) as usize;
+        let batch: Vec<NewJob> = (0..n)
+            .map(|_| NewJob::new(QUEUE, "noop", json!({})))
+            .collect();
+        store.enqueue_many(&batch, now).await?;
+        left -= n as u64;
+        pb.inc(n as u64);
+    }
+    let enqueue_s = t.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+
+    let pb = bar(jobs, format!("drain (c={concurrency})"));
+    let t = Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..concurrency {
+        let store = store.clone();
+        let pb = pb.clone();
+        tasks.push(tokio::spawn(async move { drain(store, w, pb).await }));
+    }
+    let mut done = 0;
+    for t in tasks {
+        done += t.await??;
+    }
+    let drain_s = t.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    if done != jobs {
+        anyhow::bail!("drained {done} jobs, expected {jobs}");
+    }
+    Ok(Run {
+        concurrency,
+        jobs,
+        enqueue_jobs_per_s: jobs as f64 / enqueue_s,
+        drain_jobs_per_s: jobs as f64 / drain_s,
+        drain_seconds: drain_s,
+    })
+}
+
+async fn drain(store: Store, w: u32, pb: ProgressBar) -> anyhow::Result<u64> {
+    let mut n = 0;
+    loop {
+        let now = chrono::Utc::now();
+        let got = store
+            .claim(&ClaimParams {
+                queues: vec![QUEUE.into()],
+                worker: format!("bench-{w}"),
+                limit: CLAIM_BATCH,
+                lease: Duration::from_secs(60),
+                now,
+            })
+            .await?;
+        if got.is_empty() {
+            return Ok(n);
+        }
+        let cs: Vec<Completion> = got.iter().map(|j| succeed(j, now)).collect();
+        for r in store.complete_many(&cs).await? {
+            r?;
+        }
+        n += got.len() as u64;
+        pb.inc(got.len() as u64);
+    }
+}
+
+fn succeed(j: &redrive_store::Job, now: chrono::DateTime<chrono::Utc>) -> Completion {
+    Completion {
+        lease: j.lease(),
+        attempt: Some(NewAttempt {
+            worker: None,
+            started_at: now,
+            duration: Duration::ZERO,
+            class: FailureClass::Success,
+            http_status: None,
+            error: None,
+            counted: true,
+        }),
+        counters: JobCounters {
+            attempts: j.attempts + 1,
+            first_attempt_at: Some(now),
+            ..j.counters()
+        },
+        transition: Transition::Succeeded {
+            result: json!(null),
+        },
+        error: None,
+        now,
+    }
+}
+
+/// An idle worker (waiting on the store's wake-up signal, polling every second as the
+/// fallback) and a producer enqueueing one job every 10 ms: time from enqueue to claim.
+async fn pickup(store: &Store, samples: usize) -> anyhow::Result<Vec<f64>> {
+    let worker = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut rx = store.subscribe();
+            let mut lat = Vec::with_capacity(samples);
+            while lat.len() < samples {
+                rx.borrow_and_update();
+                let now = chrono::Utc::now();
+                let got = store
+                    .claim(&ClaimParams {
+                        queues: vec![QUEUE.into()],
+                        worker: "pickup".into(),
+                        limit: 10,
+                        lease: Duration::from_secs(60),
+                        now,
+                    })
+                    .await?;
+                if got.is_empty() {
+                    let _ = tokio::time::timeout(Duration::from_secs(1), rx.changed()).await;
+                    continue;
+                }
+                let cs: Vec<Completion> = got.iter().map(|j| succeed(j, now)).collect();
+                store.complete_many(&cs).await?;
+                for j in &got {
+                    let at: i64 = j.payload["at_us"].as_i64().unwrap_or(0);
+                    lat.push((chrono::Utc::now().timestamp_micros() - at) as f64 / 1000.0);
+                }
+            }
+            anyhow::Ok(lat)
+        })
+    };
+    for _ in 0..samples {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let at = chrono::Utc::now();
+        store
+            .enqueue(
+                &NewJob::new(QUEUE, "noop", json!({"at_us": at.timestamp_micros()})),
+                at,
+            )
+            .await?;
+    }
+    worker.await?
+}

@@ -1,0 +1,178 @@
+//! `redrive psp-sim`, run as a user runs it: the built binary on 127.0.0.1:0.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// Kills the child even when an assertion fails.
+struct Sim(Child);
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts the simulator and reads its `listening on http://ADDR` line.
+fn start(extra: &[&str]) -> (Sim, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_redrive"))
+        .args(["psp-sim", "--addr", "127.0.0.1:0"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run redrive psp-sim");
+    let stdout = child.stdout.take().unwrap();
+    let sim = Sim(child);
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    let addr = line
+        .trim_end()
+        .strip_prefix("listening on http://")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned();
+    assert!(!addr.ends_with(":0"), "the real port is printed: {addr}");
+    (sim, addr)
+}
+
+/// One HTTP/1.1 request with `Connection: close`; returns (status, head, body).
+fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").expect("a full response");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status line");
+    (status, head.to_ascii_lowercase(), body.to_owned())
+}
+
+const JSON: (&str, &str) = ("Content-Type", "application/json");
+
+#[test]
+fn serves_charges_and_stats_until_killed() {
+    let (_sim, addr) = start(&["--seed", "4", "--latency", "1ms"]);
+    let (status, _, body) = http(
+        &addr,
+        "POST",
+        "/v1/charges",
+        &[JSON, ("Idempotency-Key", "cli-1")],
+        r#"{"amount":1500,"currency":"EUR"}"#,
+    );
+    assert_eq!(status, 201, "{body}");
+    let charge: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(charge["amount"], 1500);
+
+    let (status, head, _) = http(
+        &addr,
+        "POST",
+        "/v1/charges",
+        &[JSON, ("Idempotency-Key", "cli-1")],
+        r#"{"amount":1500,"currency":"EUR"}"#,
+    );
+    assert_eq!(status, 201);
+    assert!(head.contains("idempotent-replayed: true"), "{head}");
+
+    let (status, _, body) = http(&addr, "GET", "/_sim/stats", &[], "");
+    assert_eq!(status, 200);
+    let s: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(s["requests_total"], 2);
+    assert_eq!(s["charges"], 1);
+    assert_eq!(s["distinct_keys"], 1);
+    assert_eq!(s["duplicate_effects"], 0);
+    assert_eq!(s["seed"], 4);
+    assert!(s["timeline"].is_array());
+
+    let (_, _, body) = http(&addr, "GET", "/_sim/faults", &[], "");
+    let f: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(f["latency_ms"], 1);
+}
+
+#[test]
+fn fault_flags_reach_the_simulator() {
+    let (_sim, addr) = start(&[
+        "--outage",
+        "0s+1h",
+        "--rate-limit",
+        "5",
+        "--retry-after",
+        "2",
+        "--error-rate",
+        "0.5",
+        "--timeout-after-commit",
+        "0.1",
+    ]);
+    let (status, head, _) = http(
+        &addr,
+        "POST",
+        "/v1/charges",
+        &[JSON, ("Idempotency-Key", "k")],
+        r#"{"amount":1,"currency":"EUR"}"#,
+    );
+    assert_eq!(status, 503);
+    assert!(!head.contains("retry-after"), "{head}");
+    let (_, _, body) = http(&addr, "GET", "/_sim/faults", &[], "");
+    let f: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(f["outage"]["start_ms"], 0);
+    assert_eq!(f["outage"]["length_ms"], 3_600_000);
+    assert_eq!(f["rate_limit"], 5.0);
+    assert_eq!(f["retry_after"], 2);
+    assert_eq!(f["error_rate"], 0.5);
+    assert_eq!(f["timeout_after_commit"], 0.1);
+}
+
+#[test]
+fn bad_flag_values_exit_2_naming_the_flag() {
+    let cases: [(&[&str], &str); 6] = [
+        (&["--outage", "5s"], "--outage"),
+        (&["--outage", "5s+0s"], "--outage"),
+        (&["--error-rate", "2"], "--error-rate"),
+        (&["--timeout-after-commit=-1"], "--timeout-after-commit"),
+        (&["--rate-limit", "0"], "--rate-limit"),
+        (&["--latency", "fast"], "--latency"),
+    ];
+    for (args, flag) in cases {
+        let o = Command::new(env!("CARGO_BIN_EXE_redrive"))
+            .args(["psp-sim", "--addr", "127.0.0.1:0"])
+            .args(args)
+            .output()
+            .expect("run redrive");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(flag), "{args:?}: {err}");
+        assert!(o.stdout.is_empty(), "{args:?}: nothing on stdout");
+    }
+}
+
+#[test]
+fn an_address_in_use_exits_1() {
+    let (_sim, addr) = start(&[]);
+    let o = Command::new(env!("CARGO_BIN_EXE_redrive"))
+        .args(["psp-sim", "--addr", &addr])
+        .output()
+        .expect("run redrive");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("cannot listen on"), "{err}");
+}
