@@ -22,7 +22,27 @@ fn main() -> ExitCode {
         Err(e) => {
             // clap prints help/version to stdout (exit 0) and errors to stderr (exit 2).
             let code = e.exit_code();
-            let _ = e.print();
+            use clap::error::ErrorKind;
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
+                let _ = e.print();
+            } else {
+                // One line, as the contract says: clap's message up to its usage hint.
+                let text = e.render().to_string();
+                let msg: Vec<&str> = text
+                    .lines()
+                    .take_while(|l| {
+                        !l.starts_with("Usage:") && !l.starts_with("For more information")
+                    })
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+                    .collect();
+                eprintln!("redrive: {}", msg.join(" ").trim_start_matches("error: "));
+            }
             return ExitCode::from(code as u8);
         }
     };

@@ -1,0 +1,235 @@
+//! The queue commands, run as the real binary against a fresh SQLite file.
+
+use std::process::{Command, Output};
+
+fn redrive(db: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_redrive"))
+        .arg("--db")
+        .arg(db)
+        .args(args)
+        .env_remove("REDRIVE_DATABASE_URL")
+        .env_remove("REDRIVE_POLICIES")
+        .output()
+        .expect("run redrive")
+}
+
+fn ok(o: &Output) -> serde_json::Value {
+    assert!(
+        o.status.success(),
+        "exit {:?}: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null)
+}
+
+fn err(o: &Output, code: i32, needle: &str) {
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(code), "stderr: {stderr}");
+    assert!(stderr.contains(needle), "{needle:?} not in {stderr:?}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr:?}");
+}
+
+#[test]
+fn enqueue_list_show_dedupe_and_stats() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite:{}", dir.path().join("q.db").display());
+    let o = redrive(&db, &["migrate"]);
+    assert!(o.status.success());
+    let a = ok(&redrive(
+        &db,
+        &[
+            "enqueue",
+            "--queue",
+            "payments",
+            "--kind",
+            "http",
+            "--payload",
+            r#"{"method":"POST","url":"https://psp.example:8443/v1/charges"}"#,
+            "--key",
+            "order-1",
+            "--json",
+        ],
+    ));
+    assert_eq!(a["created"], true);
+    assert_eq!(
+        a["job"]["dependency"], "psp.example:8443",
+        "http jobs default to the URL's host"
+    );
+    assert_eq!(a["job"]["max_attempts"], 15, "the payment policy's budget");
+    let b = ok(&redrive(
+        &db,
+        &[
+            "enqueue", "--queue", "payments", "--kind", "http", "--key", "order-1", "--json",
+        ],
+    ));
+    assert_eq!(b["created"], false);
+    assert_eq!(b["job"]["id"], a["job"]["id"]);
+    let later = ok(&redrive(
+        &db,
+        &[
+            "enqueue",
+            "--queue",
+            "payments",
+            "--kind",
+            "noop",
+            "--delay",
+            "5m",
+            "--policy",
+            "background",
+            "--json",
+        ],
+    ));
+    assert_eq!(later["job"]["state"], "scheduled");
+
+    let list = ok(&redrive(&db, &["jobs", "--json"]));
+    assert_eq!(list["jobs"].as_array().unwrap().len(), 2);
+    let page = ok(&redrive(&db, &["jobs", "--limit", "1", "--json"]));
+    assert_eq!(page["jobs"].as_array().unwrap().len(), 1);
+    let after = page["next"].as_i64().unwrap().to_string();
+    let page2 = ok(&redrive(
+        &db,
+        &["jobs", "--limit", "1", "--after", &after, "--json"],
+    ));
+    assert_eq!(page2["jobs"][0]["id"], later["job"]["id"]);
+    let sched = ok(&redrive(&db, &["jobs", "--state", "scheduled", "--json"]));
+    assert_eq!(sched["jobs"].as_array().unwrap().len(), 1);
+
+    let id = a["job"]["id"].to_string();
+    let show = ok(&redrive(&db, &["show", &id, "--json"]));
+    assert_eq!(show["job"]["key"], "order-1");
+    assert_eq!(show["attempts"], serde_json::json!([]));
+    let text = redrive(&db, &["show", &id]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("attempts:"));
+
+    let stats = ok(&redrive(&db, &["stats", "--json"]));
+    assert_eq!(stats["counts"].as_array().unwrap().len(), 2);
+    assert!(ok(&redrive(&db, &["breakers", "--json"]))["breakers"].is_array());
+
+    let o = redrive(&db, &["cancel", &id]);
+    assert!(o.status.success());
+    err(&redrive(&db, &["cancel", &id]), 1, "cancelled");
+    let dead = ok(&redrive(&db, &["dead", "list", "--json"]));
+    assert_eq!(dead["jobs"], serde_json::json!([]));
+    assert_eq!(
+        ok(&redrive(&db, &["dead", "replay", "--all", "--json"]))["replayed"],
+        0
+    );
+    assert_eq!(
+        ok(&redrive(&db, &["dead", "purge", "--all", "--json"]))["purged"],
+        0
+    );
+}
+
+#[test]
+fn bad_input_is_a_one_line_error_and_touches_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite:{}", dir.path().join("q.db").display());
+    ok(&redrive(
+        &db,
+        &["enqueue", "--queue", "q", "--kind", "noop", "--json"],
+    ));
+    err(
+        &redrive(
+            &db,
+            &[
+                "enqueue",
+                "--queue",
+                "q",
+                "--kind",
+                "noop",
+                "--payload",
+                "{nope",
+            ],
+        ),
+        2,
+        "--payload",
+    );
+    err(
+        &redrive(
+            &db,
+            &[
+                "enqueue",
+                "--queue",
+                "q",
+                "--kind",
+                "noop",
+                "--payload",
+                "@/nonexistent/file.json",
+            ],
+        ),
+        2,
+        "--payload",
+    );
+    err(
+        &redrive(
+            &db,
+            &["enqueue", "--queue", "q", "--kind", "noop", "--delay", "10"],
+        ),
+        2,
+        "--delay",
+    );
+    err(
+        &redrive(
+            &db,
+            &[
+                "enqueue", "--queue", "q", "--kind", "noop", "--policy", "nope",
+            ],
+        ),
+        2,
+        "--policy",
+    );
+    err(
+        &redrive(&db, &["enqueue", "--queue", "", "--kind", "noop"]),
+        2,
+        "queue",
+    );
+    err(
+        &redrive(&db, &["jobs", "--state", "sleeping"]),
+        2,
+        "--state",
+    );
+    err(&redrive(&db, &["dead", "replay"]), 2, "--all");
+    err(&redrive(&db, &["show", "424242"]), 1, "424242");
+    err(&redrive("mysql://x", &["jobs"]), 2, "--db");
+    err(
+        &redrive("postgres://nobody@127.0.0.1:1/none", &["jobs"]),
+        1,
+        "database",
+    );
+    // The job accepted first is still there, untouched.
+    let list = ok(&redrive(&db, &["jobs", "--json"]));
+    assert_eq!(list["jobs"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn bench_runs_small_and_prints_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite:{}", dir.path().join("q.db").display());
+    let r = ok(&redrive(
+        &db,
+        &[
+            "bench",
+            "--jobs",
+            "300",
+            "--concurrency",
+            "1",
+            "--concurrency",
+            "4",
+            "--json",
+        ],
+    ));
+    assert_eq!(r["backend"], "sqlite");
+    let runs = r["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert!(
+        runs.iter()
+            .all(|x| x["drain_jobs_per_s"].as_f64().unwrap() > 0.0 && x["jobs"] == 300)
+    );
+    assert!(r["pickup_latency_ms_p50"].as_f64().unwrap() >= 0.0);
+    err(
+        &redrive(&db, &["bench", "--concurrency", "0"]),
+        2,
+        "--concurrency",
+    );
+}
