@@ -121,7 +121,12 @@ impl Problem {
     /// A problem of `kind` with `detail`.
     #[must_use]
     pub fn new(kind: ProblemKind, detail: impl Into<String>) -> Self {
-        Self { kind, detail: detail.into(), retry_after: None, link: None }
+        Self {
+            kind,
+            detail: detail.into(),
+            retry_after: None,
+            link: None,
+        }
     }
 
     /// Adds a `Retry-After`.
@@ -158,7 +163,10 @@ impl Problem {
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if let Some(after) = self.retry_after {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(after)));
+            headers.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(retry_after_secs(after)),
+            );
         }
         if let Some(link) = &self.link
             && let Ok(value) = HeaderValue::from_str(link)

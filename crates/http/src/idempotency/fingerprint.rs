@@ -118,7 +118,13 @@ mod tests {
     use axum::http::Request;
 
     fn parts(method: &str, uri: &str) -> Parts {
-        Request::builder().method(method).uri(uri).body(()).unwrap().into_parts().0
+        Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0
     }
 
     #[test]
@@ -137,8 +143,14 @@ mod tests {
         let p = parts("POST", "/a");
         let a = br#"{"b":1,"a":{"d":[1,2],"c":"x"}}"#;
         let b = br#"{ "a": {"c":"x", "d":[1, 2]}, "b": 1 }"#;
-        assert_eq!(Fingerprint::CanonicalJson.compute(&p, a), Fingerprint::CanonicalJson.compute(&p, b));
-        assert_ne!(Fingerprint::Raw.compute(&p, a), Fingerprint::Raw.compute(&p, b));
+        assert_eq!(
+            Fingerprint::CanonicalJson.compute(&p, a),
+            Fingerprint::CanonicalJson.compute(&p, b)
+        );
+        assert_ne!(
+            Fingerprint::Raw.compute(&p, a),
+            Fingerprint::Raw.compute(&p, b)
+        );
         assert_ne!(
             Fingerprint::CanonicalJson.compute(&p, br#"[1,2]"#),
             Fingerprint::CanonicalJson.compute(&p, br#"[2,1]"#)

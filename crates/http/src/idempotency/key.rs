@@ -40,7 +40,10 @@ impl IdempotencyKey {
             return Err(KeyError::Empty);
         }
         if inner.len() > MAX_KEY_BYTES {
-            return Err(KeyError::TooLong { len: inner.len(), max: MAX_KEY_BYTES });
+            return Err(KeyError::TooLong {
+                len: inner.len(),
+                max: MAX_KEY_BYTES,
+            });
         }
         for (position, &byte) in inner.iter().enumerate() {
             if byte == b'\\' {
@@ -100,7 +103,9 @@ pub enum KeyError {
         byte: u8,
     },
     /// A backslash escape inside the value.
-    #[error("header `Idempotency-Key` contains a backslash at position {position}; escapes are not accepted")]
+    #[error(
+        "header `Idempotency-Key` contains a backslash at position {position}; escapes are not accepted"
+    )]
     Escape {
         /// Zero-based position in the key.
         position: usize,
@@ -135,23 +140,53 @@ mod tests {
 
     #[test]
     fn quoted_and_bare_are_the_same_key() {
-        assert_eq!(IdempotencyKey::parse(b"\"abc\"").unwrap(), IdempotencyKey::parse(b"abc").unwrap());
+        assert_eq!(
+            IdempotencyKey::parse(b"\"abc\"").unwrap(),
+            IdempotencyKey::parse(b"abc").unwrap()
+        );
     }
 
     #[test]
     fn bounds_are_enforced() {
-        assert_eq!(IdempotencyKey::parse(&[b'a'; 255]).unwrap().as_str().len(), 255);
+        assert_eq!(
+            IdempotencyKey::parse(&[b'a'; 255]).unwrap().as_str().len(),
+            255
+        );
         assert_eq!(
             IdempotencyKey::parse(&[b'a'; 256]),
             Err(KeyError::TooLong { len: 256, max: 255 })
         );
         assert_eq!(IdempotencyKey::parse(b""), Err(KeyError::Empty));
         assert_eq!(IdempotencyKey::parse(b"\"\""), Err(KeyError::Empty));
-        assert_eq!(IdempotencyKey::parse(b"\""), Err(KeyError::UnterminatedQuote));
-        assert_eq!(IdempotencyKey::parse(b"a b"), Err(KeyError::InvalidByte { position: 1, byte: b' ' }));
-        assert_eq!(IdempotencyKey::parse(b"a\tb"), Err(KeyError::InvalidByte { position: 1, byte: b'\t' }));
-        assert_eq!(IdempotencyKey::parse(b"\"a\\b\""), Err(KeyError::Escape { position: 1 }));
-        assert_eq!(IdempotencyKey::parse(&[b'a', 0xc3, 0xa9]), Err(KeyError::InvalidByte { position: 1, byte: 0xc3 }));
+        assert_eq!(
+            IdempotencyKey::parse(b"\""),
+            Err(KeyError::UnterminatedQuote)
+        );
+        assert_eq!(
+            IdempotencyKey::parse(b"a b"),
+            Err(KeyError::InvalidByte {
+                position: 1,
+                byte: b' '
+            })
+        );
+        assert_eq!(
+            IdempotencyKey::parse(b"a\tb"),
+            Err(KeyError::InvalidByte {
+                position: 1,
+                byte: b'\t'
+            })
+        );
+        assert_eq!(
+            IdempotencyKey::parse(b"\"a\\b\""),
+            Err(KeyError::Escape { position: 1 })
+        );
+        assert_eq!(
+            IdempotencyKey::parse(&[b'a', 0xc3, 0xa9]),
+            Err(KeyError::InvalidByte {
+                position: 1,
+                byte: 0xc3
+            })
+        );
     }
 
     #[test]

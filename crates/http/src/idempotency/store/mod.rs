@@ -266,14 +266,20 @@ impl ManualClock {
 
     /// Moves the clock forward by `by`.
     pub fn advance(&self, by: Duration) {
-        let mut now = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut now = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         *now += by;
     }
 }
 
 impl Clock for ManualClock {
     fn now(&self) -> SystemTime {
-        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -293,10 +299,16 @@ pub(crate) fn headers_to_json(headers: &[(String, Vec<u8>)]) -> String {
 
 /// The inverse of [`headers_to_json`].
 pub(crate) fn headers_from_json(id: i64, text: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-    let corrupt = |reason: String| StoreError::Corrupt { id, field: "response_headers", reason };
+    let corrupt = |reason: String| StoreError::Corrupt {
+        id,
+        field: "response_headers",
+        reason,
+    };
     let value: serde_json::Value =
         serde_json::from_str(text).map_err(|e| corrupt(e.to_string()))?;
-    let list = value.as_array().ok_or_else(|| corrupt("not a JSON array".into()))?;
+    let list = value
+        .as_array()
+        .ok_or_else(|| corrupt("not a JSON array".into()))?;
     list.iter()
         .map(|pair| {
             let name = pair.get(0).and_then(|n| n.as_str());
@@ -323,7 +335,7 @@ fn hex_encode(bytes: &[u8]) -> String {
 }
 
 fn hex_decode(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return None;
     }
     (0..text.len())
@@ -359,13 +371,14 @@ pub(crate) fn classify(row: ExistingRow, request: &ClaimRequest) -> Result<Exist
     }
     match state.as_str() {
         "completed" => {
-            let status = status
-                .and_then(|s| u16::try_from(s).ok())
-                .ok_or_else(|| StoreError::Corrupt {
-                    id,
-                    field: "response_status",
-                    reason: format!("{status:?} is not a status code"),
-                })?;
+            let status =
+                status
+                    .and_then(|s| u16::try_from(s).ok())
+                    .ok_or_else(|| StoreError::Corrupt {
+                        id,
+                        field: "response_status",
+                        reason: format!("{status:?} is not a status code"),
+                    })?;
             let headers = match headers {
                 Some(text) => headers_from_json(id, &text)?,
                 None => Vec::new(),
@@ -382,7 +395,11 @@ pub(crate) fn classify(row: ExistingRow, request: &ClaimRequest) -> Result<Exist
             Ok(Existing::Outcome(ClaimOutcome::Abandoned))
         }
         "in_progress" => Ok(Existing::TakeOver(id)),
-        other => Err(StoreError::Corrupt { id, field: "state", reason: format!("unknown state {other:?}") }),
+        other => Err(StoreError::Corrupt {
+            id,
+            field: "state",
+            reason: format!("unknown state {other:?}"),
+        }),
     }
 }
 
@@ -390,8 +407,40 @@ pub(crate) fn parse_state(id: i64, state: &str) -> Result<RecordState, StoreErro
     match state {
         "in_progress" => Ok(RecordState::InProgress),
         "completed" => Ok(RecordState::Completed),
-        other => Err(StoreError::Corrupt { id, field: "state", reason: format!("unknown state {other:?}") }),
+        other => Err(StoreError::Corrupt {
+            id,
+            field: "state",
+            reason: format!("unknown state {other:?}"),
+        }),
     }
+}
+
+/// One row of the operator's `get`.
+pub(crate) type InfoRow = (
+    i64,
+    String,
+    String,
+    String,
+    String,
+    i32,
+    bool,
+    bool,
+    Option<i32>,
+);
+
+pub(crate) fn info_from_row(row: InfoRow) -> Result<RecordInfo, StoreError> {
+    let (id, state, method, path, recovery_point, attempts, locked, held, status) = row;
+    Ok(RecordInfo {
+        id: RecordId(id),
+        state: parse_state(id, &state)?,
+        method,
+        path,
+        recovery_point,
+        attempts: attempts_u32(attempts),
+        locked,
+        held,
+        response_status: status.and_then(|s| u16::try_from(s).ok()),
+    })
 }
 
 pub(crate) fn attempts_u32(n: i32) -> u32 {
@@ -404,8 +453,14 @@ mod tests {
 
     #[test]
     fn headers_round_trip_through_json() {
-        let headers = vec![("content-type".to_owned(), b"application/json".to_vec()), ("x-bin".to_owned(), vec![0xff, 0x00])];
-        assert_eq!(headers_from_json(1, &headers_to_json(&headers)).unwrap(), headers);
+        let headers = vec![
+            ("content-type".to_owned(), b"application/json".to_vec()),
+            ("x-bin".to_owned(), vec![0xff, 0x00]),
+        ];
+        assert_eq!(
+            headers_from_json(1, &headers_to_json(&headers)).unwrap(),
+            headers
+        );
         assert!(headers_from_json(1, "[[\"a\", \"zz\"]]").is_err());
     }
 }

@@ -1,0 +1,89 @@
+//! Server-side idempotency (DESIGN.md R14): a tower layer for axum that stores each
+//! `Idempotency-Key` with a fingerprint of its request and the first response, and replays
+//! that response for a repeat instead of running the handler again.
+//!
+//! # Why a claim, a lease and explicit recovery
+//! A payment handler makes a side effect (a PSP charge) that cannot be undone. The layer
+//! therefore claims `(scope, key)` atomically *before* the handler runs
+//! (`INSERT … ON CONFLICT DO NOTHING`): of fifty simultaneous first requests exactly one runs,
+//! the others get 409 or, later, the replay — never a 5xx. The claim is a lease with a fencing
+//! token, extended by a heartbeat while the handler runs; the response is stored only if the
+//! token still holds. A 5xx or a panic means "nothing happened that cannot be repeated", so
+//! the key is released and a retry runs again. A holder that vanishes (the process is killed
+//! between the charge and storing the response) leaves an in-progress record whose lease runs
+//! out; by default ([`RecoveryMode::Explicit`]) a repeat then gets 409 `recovery-required`
+//! and is **not** run, because a second run could charge twice. Recovery is an explicit call
+//! ([`IdempotencyStore::recover`]) after reconciling with the PSP, or, for handlers built to
+//! resume from their recovery point with deterministic downstream keys,
+//! [`RecoveryMode::Resume`].
+//!
+//! # Behaviour (research/idempotency.md §9)
+//! | situation | answer |
+//! |---|---|
+//! | key missing on a required route | 400 `key-missing` (+ `Link rel=describedby` if configured) |
+//! | key malformed / > 255 bytes / two fields | 400 `key-invalid` |
+//! | same key, different method/path/query/content type/body | 422 `key-reused` |
+//! | same key while the first runs | 409 `request-in-progress` + `Retry-After` |
+//! | same key, first run vanished | 409 `recovery-required` |
+//! | body over `max_request_bytes` | 413 `request-too-large` |
+//! | store unreachable | 503 `store-unavailable` + `Retry-After` (handler not run) |
+//! | completed key | stored status, allowlisted headers, body + `Idempotent-Replayed: true` |
+//! | stored body was over `max_response_bytes` | 409 `replay-unavailable` (+ link to `Location`) |
+//!
+//! Errors are `application/problem+json` ([`Problem`]). Handler 2xx/3xx/4xx are stored; 5xx
+//! and panics release the key. Records live for the retention (24 h by default), then a
+//! repeat runs as new; [`reap_expired`]/[`spawn_reaper`] delete them.
+//!
+//! Put the layer inside authentication and rate limiting, so 401/403/429 never reach the
+//! store, and give it the authenticated principal as its [`Scope`].
+//!
+//! # Example
+//! ```
+//! use std::sync::Arc;
+//! use axum::{Router, routing::post, http::StatusCode};
+//! use redrive_http::idempotency::{IdempotencyLayer, IdempotencyStore, MemoryStore};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! // SqliteStore::connect("sqlite://idem.db") or PostgresStore::from_pool(pool) in production.
+//! let store: Arc<dyn IdempotencyStore> = Arc::new(MemoryStore::new());
+//! store.ensure_schema().await?;
+//! let layer = IdempotencyLayer::builder(store)
+//!     .with_docs_url("https://example.com/docs/idempotency")
+//!     .build()?;
+//! let app: Router = Router::new()
+//!     .route("/v1/charges", post(|| async { (StatusCode::CREATED, "charged") }))
+//!     .layer(layer);
+//! # let _ = app;
+//! # Ok(())
+//! # }
+//! ```
+
+mod config;
+mod error;
+mod fingerprint;
+mod key;
+mod layer;
+mod reaper;
+mod store;
+
+pub use config::{
+    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_IN_PROGRESS_RETRY_AFTER, DEFAULT_LEASE,
+    DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_REPLAYED_HEADERS,
+    DEFAULT_RETENTION, DEFAULT_UNAVAILABLE_RETRY_AFTER, IdempotencyConfig, IdempotencyLayerBuilder,
+    IdempotencyScope, MIN_LEASE, RecoveryMode, Scope, ScopeFn,
+};
+pub use error::{
+    ConfigError, CtxError, DEFAULT_PROBLEM_BASE, PROBLEM_JSON, Problem, ProblemKind, StoreError,
+};
+pub use fingerprint::{Fingerprint, FingerprintFn};
+pub use key::{
+    IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, KeyError, MAX_KEY_BYTES, parse_key,
+};
+pub use layer::{IdempotencyCtx, IdempotencyLayer, IdempotencyService};
+pub use reaper::{DEFAULT_REAP_BATCH, DEFAULT_REAP_INTERVAL, reap_expired, spawn_reaper};
+pub use store::{
+    Acquired, ClaimOutcome, ClaimRequest, Clock, IdempotencyStore, LockToken, MIN_SQLITE_VERSION,
+    ManualClock, MemoryStore, PostgresStore, RECOVERY_POINT_FINISHED, RECOVERY_POINT_STARTED,
+    ReapReport, RecordId, RecordInfo, RecordState, Recovery, SqliteStore, StoreFuture,
+    StoredResponse, SystemClock, TABLE,
+};
