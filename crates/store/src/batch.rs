@@ -27,6 +27,33 @@ fn params(out: &mut String, base: usize, n: usize) {
     }
 }
 
+/// The computed columns of a job to insert.
+pub(crate) struct InsertRow {
+    pub(crate) state: &'static str,
+    pub(crate) run_at: i64,
+    pub(crate) ttl: Option<i64>,
+    pub(crate) deadline: Option<i64>,
+    pub(crate) now: i64,
+}
+
+impl InsertRow {
+    pub(crate) fn of(job: &NewJob, now: crate::Timestamp) -> Self {
+        let run_at = job.run_at.unwrap_or(now);
+        let ttl = job.ttl.map(crate::model::dur_ms);
+        Self {
+            state: if run_at > now {
+                "scheduled"
+            } else {
+                "available"
+            },
+            run_at: millis(run_at),
+            ttl,
+            deadline: ttl.map(|t| millis(now).saturating_add(t)),
+            now: millis(now),
+        }
+    }
+}
+
 pub(crate) fn insert_sql(rows: usize) -> String {
     let mut s = String::from(
         "INSERT INTO redrive_jobs (queue, kind, payload, idempotency_key, dependency, priority, \

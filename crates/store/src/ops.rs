@@ -70,31 +70,7 @@ macro_rules! shared_ops {
                 let mut tx = self.tx().await?;
                 let mut out = Vec::with_capacity(jobs.len());
                 for chunk in jobs.chunks(self.sql.enqueue_chunk) {
-                    let sql = crate::batch::insert_sql(chunk.len());
-                    let mut q = sqlx::query_as::<_, crate::rows::JobRow>(sqlx::AssertSqlSafe(sql));
-                    for job in chunk {
-                        let run_at = job.run_at.unwrap_or(now);
-                        let ttl = job.ttl.map(crate::model::dur_ms);
-                        q = q
-                            .bind(job.queue.clone())
-                            .bind(job.kind.clone())
-                            .bind(job.payload.to_string())
-                            .bind(job.key.clone())
-                            .bind(job.dependency.clone())
-                            .bind(i64::from(job.priority))
-                            .bind(if run_at > now {
-                                "scheduled"
-                            } else {
-                                "available"
-                            })
-                            .bind(i64::from(job.max_attempts))
-                            .bind(job.policy.clone())
-                            .bind(crate::model::millis(run_at))
-                            .bind(ttl)
-                            .bind(ttl.map(|t| crate::model::millis(now).saturating_add(t)))
-                            .bind(crate::model::millis(now));
-                    }
-                    let rows = q.fetch_all(&mut *tx).await?;
+                    let rows = self.insert_chunk(&mut tx, chunk, now).await?;
                     let mut created = Vec::with_capacity(rows.len());
                     for r in rows {
                         created.push(r.into_job()?);

@@ -113,6 +113,61 @@ impl PgStore {
         Ok(self.pool.begin().await?)
     }
 
+    /// One `INSERT … SELECT FROM UNNEST(arrays)`: thirteen parameters whatever the chunk size.
+    pub(crate) async fn insert_chunk(
+        &self,
+        conn: &mut PgConnection,
+        chunk: &[crate::NewJob],
+        now: redrive_policy::Timestamp,
+    ) -> Result<Vec<crate::rows::JobRow>> {
+        let rows: Vec<crate::batch::InsertRow> = chunk
+            .iter()
+            .map(|j| crate::batch::InsertRow::of(j, now))
+            .collect();
+        let col = |f: fn(&crate::NewJob) -> String| chunk.iter().map(f).collect::<Vec<_>>();
+        let opt = |f: fn(&crate::NewJob) -> Option<String>| chunk.iter().map(f).collect::<Vec<_>>();
+        let sql = format!(
+            "INSERT INTO redrive_jobs (queue, kind, payload, idempotency_key, dependency, priority, \
+             state, max_attempts, policy, run_at, ttl_ms, deadline, created_at, updated_at) \
+             SELECT q, k, p, ik, dep, pri, st, ma, pol, ra, ttl, dl, $13, $13 FROM UNNEST( \
+               CAST($1 AS TEXT[]), CAST($2 AS TEXT[]), CAST($3 AS TEXT[]), CAST($4 AS TEXT[]), \
+               CAST($5 AS TEXT[]), CAST($6 AS INT8[]), CAST($7 AS TEXT[]), CAST($8 AS INT8[]), \
+               CAST($9 AS TEXT[]), CAST($10 AS INT8[]), CAST($11 AS INT8[]), CAST($12 AS INT8[])) \
+             WITH ORDINALITY AS u(q, k, p, ik, dep, pri, st, ma, pol, ra, ttl, dl, ord) ORDER BY ord \
+             ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
+             RETURNING {}",
+            crate::rows::JOB_COLS
+        );
+        Ok(
+            sqlx::query_as::<_, crate::rows::JobRow>(sqlx::AssertSqlSafe(sql))
+                .bind(col(|j| j.queue.clone()))
+                .bind(col(|j| j.kind.clone()))
+                .bind(col(|j| j.payload.to_string()))
+                .bind(opt(|j| j.key.clone()))
+                .bind(opt(|j| j.dependency.clone()))
+                .bind(
+                    chunk
+                        .iter()
+                        .map(|j| i64::from(j.priority))
+                        .collect::<Vec<_>>(),
+                )
+                .bind(rows.iter().map(|r| r.state.to_owned()).collect::<Vec<_>>())
+                .bind(
+                    chunk
+                        .iter()
+                        .map(|j| i64::from(j.max_attempts))
+                        .collect::<Vec<_>>(),
+                )
+                .bind(col(|j| j.policy.clone()))
+                .bind(rows.iter().map(|r| r.run_at).collect::<Vec<_>>())
+                .bind(rows.iter().map(|r| r.ttl).collect::<Vec<_>>())
+                .bind(rows.iter().map(|r| r.deadline).collect::<Vec<_>>())
+                .bind(crate::model::millis(now))
+                .fetch_all(&mut *conn)
+                .await?,
+        )
+    }
+
     pub(crate) fn wake(&self) {
         self.wake.send_modify(|v| *v = v.wrapping_add(1));
         let pool = self.pool.clone();

@@ -112,7 +112,7 @@ impl Sql {
             attempts_of: fill(format!(
                 "SELECT {ATTEMPT_COLS} FROM redrive_attempts WHERE job_id = $1 ORDER BY id"
             )),
-            enqueue_chunk: if dialect == Dialect::Sqlite { 100 } else { 2_000 },
+            enqueue_chunk: if dialect == Dialect::Sqlite { 100 } else { 5_000 },
             complete_chunk: if dialect == Dialect::Sqlite { 50 } else { 500 },
             claim_one: fill(claim.replace("j.queue IN JSON_TEXTS_2", "j.queue = $2")),
             claim: fill(claim),

@@ -70,6 +70,36 @@ impl SqliteStore {
         Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
     }
 
+    /// One multi-row `INSERT … VALUES` (chunks stay small: sqlx binds SQLite parameters in
+    /// time that grows with their square).
+    pub(crate) async fn insert_chunk(
+        &self,
+        conn: &mut SqliteConnection,
+        chunk: &[crate::NewJob],
+        now: redrive_policy::Timestamp,
+    ) -> Result<Vec<crate::rows::JobRow>> {
+        let sql = crate::batch::insert_sql(chunk.len());
+        let mut q = sqlx::query_as::<_, crate::rows::JobRow>(sqlx::AssertSqlSafe(sql));
+        for job in chunk {
+            let r = crate::batch::InsertRow::of(job, now);
+            q = q
+                .bind(job.queue.clone())
+                .bind(job.kind.clone())
+                .bind(job.payload.to_string())
+                .bind(job.key.clone())
+                .bind(job.dependency.clone())
+                .bind(i64::from(job.priority))
+                .bind(r.state)
+                .bind(i64::from(job.max_attempts))
+                .bind(job.policy.clone())
+                .bind(r.run_at)
+                .bind(r.ttl)
+                .bind(r.deadline)
+                .bind(r.now);
+        }
+        Ok(q.fetch_all(&mut *conn).await?)
+    }
+
     pub(crate) fn wake(&self) {
         self.wake.send_modify(|v| *v = v.wrapping_add(1));
     }
