@@ -208,6 +208,19 @@ impl PspSimBuilder {
         self
     }
 
+    /// Puts redrive's own idempotency layer (memory store, key required) in front of
+    /// `POST /v1/charges`, as a real PSP would have: repeats are answered from the stored
+    /// response before the ledger is reached.
+    pub fn with_idempotency_layer(self) -> Self {
+        let store: std::sync::Arc<dyn redrive_http::idempotency::IdempotencyStore> =
+            std::sync::Arc::new(redrive_http::idempotency::MemoryStore::new());
+        let layer = redrive_http::idempotency::IdempotencyLayer::builder(store)
+            .with_required(true)
+            .build()
+            .expect("the default idempotency settings are valid");
+        self.charges_layer(layer)
+    }
+
     /// The state and its router, for serving yourself or for
     /// `router.oneshot(request)` in tests. The clock starts now.
     ///

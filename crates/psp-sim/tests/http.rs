@@ -654,3 +654,51 @@ async fn a_charges_layer_sits_after_the_edge_faults_and_before_the_ledger() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     sim.shutdown().await;
 }
+
+/// The charges route behind redrive's own idempotency layer, with the ledger's check turned
+/// off: the layer alone keeps 50 parallel requests with one key to one charge, and a later
+/// repeat is a replay.
+#[tokio::test]
+async fn the_idempotency_layer_alone_keeps_one_key_to_one_charge() {
+    let sim = PspSim::builder()
+        .faults(Faults {
+            processing: Duration::from_millis(500),
+            ..Faults::none()
+        })
+        .ledger_dedupe(false)
+        .with_idempotency_layer()
+        .start("127.0.0.1:0")
+        .await
+        .unwrap();
+    let c = Client::new();
+    let url = format!("{}/v1/charges", sim.url());
+    let mut tasks = vec![];
+    for _ in 0..50 {
+        let (c, url) = (c.clone(), url.clone());
+        tasks.push(tokio::spawn(async move {
+            c.post(url)
+                .header("Idempotency-Key", "layered")
+                .json(&eur(700))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }));
+    }
+    for t in tasks {
+        let status = t.await.unwrap();
+        assert!(
+            status == StatusCode::CREATED || status == StatusCode::CONFLICT,
+            "{status}"
+        );
+    }
+    let again = charge(&c, &sim, "layered", eur(700)).await;
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let missing = c.post(&url).json(&eur(700)).send().await.unwrap();
+    assert_eq!(missing.status(), StatusCode::BAD_REQUEST);
+    let s = sim.stats();
+    assert_eq!(s.charges, 1);
+    assert_eq!(s.duplicate_effects, 0);
+    sim.shutdown().await;
+}

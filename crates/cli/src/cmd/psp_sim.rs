@@ -18,7 +18,11 @@ pub(crate) fn run(_global: &Global, args: PspSimArgs) -> anyhow::Result<ExitCode
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let sim = PspSim::builder().faults(faults).start(&args.addr).await?;
+        let sim = PspSim::builder()
+            .faults(faults)
+            .with_idempotency_layer()
+            .start(&args.addr)
+            .await?;
         {
             let mut out = std::io::stdout().lock();
             writeln!(out, "listening on {}", sim.url())?;
