@@ -1,0 +1,355 @@
+//! The `capacity` model: a fleet of payment workers against a PSP with a rate limit.
+//!
+//! At t = 0 every one of the N workers has just had its payment call fail at once (a blip,
+//! a restart, a batch that hit a full limiter: the herd's trigger, not counted). From then
+//! on each worker retries its one payment along its strategy until it succeeds or its
+//! attempts run out. The PSP serves `capacity` requests per second (a token bucket holding
+//! 100 ms of capacity) and answers everything beyond that with 429 or 503, with or without
+//! `Retry-After`; during an optional outage window it answers 503 to everything.
+//!
+//! What a worker does is redrive's: the delay comes from [`Backoff::nominal`] and
+//! [`Jitter::apply`]; with `+ra` the server's `Retry-After` is parsed by
+//! [`retry_after_clamped`] and wins over the formula (R6), and pauses the whole fleet until
+//! it ends (R19): a worker that wakes during the pause is deferred by
+//! [`RetryPolicy::decide_blocked`] to the pause's end plus up to `blocked_jitter`, without a
+//! call. With `+breaker` one [`CircuitBreaker`] shared by the fleet stands in front of the PSP
+//! (R9, R10): while it rejects, workers are deferred the same way.
+//!
+//! [`Backoff::nominal`]: redrive_policy::Backoff::nominal
+//! [`Jitter::apply`]: redrive_policy::Jitter::apply
+
+use std::time::Duration;
+
+use chrono::DateTime;
+use rand::Rng;
+use redrive_policy::{
+    Action, Admission, BreakerConfig, CircuitBreaker, DEFAULT_BLOCKED_JITTER,
+    DEFAULT_RETRY_AFTER_MAX, DeferReason, FailureClass, JobCounters, RetryPolicy, Timestamp,
+    retry_after_clamped,
+};
+
+use crate::error::SimError;
+use crate::net::{Net, Queue, RunResult, ns};
+use crate::strategy::{Retrier, Strategy};
+
+/// What the PSP answers beyond its capacity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Overload {
+    /// 429 Too Many Requests (rate limited: a breaker ignores it).
+    TooManyRequests,
+    /// 503 Service Unavailable (infrastructure: a breaker counts it).
+    Unavailable,
+}
+
+impl Overload {
+    /// The HTTP status.
+    pub const fn status(self) -> u16 {
+        match self {
+            Overload::TooManyRequests => 429,
+            Overload::Unavailable => 503,
+        }
+    }
+}
+
+/// A window during which the PSP answers 503 to everything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Outage {
+    /// When it starts, from t = 0.
+    pub start: Duration,
+    /// How long it lasts.
+    pub length: Duration,
+}
+
+/// Parameters of the `capacity` model.
+///
+/// # Default
+/// - capacity 50 requests/s, burst 100 ms of it (5 requests)
+/// - beyond it: 429 with `Retry-After: 1`
+/// - no outage
+/// - backoff base 1 s, cap 30 s (R1: the first delay is the base)
+/// - network `|Normal(10 ms, 2 ms)|` each way
+/// - 50 attempts per worker (the trigger's failed call included), `Retry-After` clamped to 1 h
+/// - blocked deferrals spread by up to 2 s ([`DEFAULT_BLOCKED_JITTER`])
+/// - the breaker: [`BreakerConfig::default`]
+/// - the run stops after 1 h of simulated time (workers still waiting count as failed)
+#[derive(Debug, Clone, PartialEq)]
+pub struct CapacityConfig {
+    /// Requests per second the PSP serves.
+    pub capacity: f64,
+    /// Tokens the bucket holds; `None`: 100 ms of capacity (at least 1).
+    pub burst: Option<u32>,
+    /// The answer beyond capacity.
+    pub overload: Overload,
+    /// Whole seconds sent as `Retry-After` with each overload answer; `None`: no header.
+    pub retry_after: Option<u64>,
+    /// An optional outage window.
+    pub outage: Option<Outage>,
+    /// Backoff base.
+    pub base: Duration,
+    /// Backoff cap.
+    pub cap: Duration,
+    /// The network.
+    pub net: Net,
+    /// Attempts per worker, counting the trigger's failed call.
+    pub max_attempts: u32,
+    /// `Retry-After` is clamped to this.
+    pub retry_after_max: Duration,
+    /// Spread added to breaker and pause deferrals.
+    pub blocked_jitter: Duration,
+    /// The breaker used by `+breaker` strategies.
+    pub breaker: BreakerConfig,
+    /// Simulated time after which the run stops.
+    pub horizon: Duration,
+}
+
+impl Default for CapacityConfig {
+    fn default() -> Self {
+        Self {
+            capacity: 50.0,
+            burst: None,
+            overload: Overload::TooManyRequests,
+            retry_after: Some(1),
+            outage: None,
+            base: Duration::from_secs(1),
+            cap: Duration::from_secs(30),
+            net: Net::default(),
+            max_attempts: 50,
+            retry_after_max: DEFAULT_RETRY_AFTER_MAX,
+            blocked_jitter: DEFAULT_BLOCKED_JITTER,
+            breaker: BreakerConfig::default(),
+            horizon: Duration::from_secs(3600),
+        }
+    }
+}
+
+impl CapacityConfig {
+    /// Checks the parameters.
+    ///
+    /// # Errors
+    /// [`SimError::InvalidConfig`] naming the parameter.
+    pub fn validate(&self) -> Result<(), SimError> {
+        if !(self.capacity.is_finite() && self.capacity > 0.0 && self.capacity <= 1e7) {
+            return Err(SimError::config(
+                "capacity",
+                self.capacity,
+                "requests per second above 0 and at most 10000000",
+            ));
+        }
+        if self.burst == Some(0) {
+            return Err(SimError::config("burst", 0, "at least 1"));
+        }
+        if !(1..=1000).contains(&self.max_attempts) {
+            return Err(SimError::config(
+                "max attempts",
+                self.max_attempts,
+                "from 1 to 1000",
+            ));
+        }
+        if self.horizon.is_zero() || self.horizon > Duration::from_secs(7 * 24 * 3600) {
+            return Err(SimError::config(
+                "horizon",
+                redrive_policy::format_duration(self.horizon),
+                "above 0s and at most 7 days",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The bucket's size in requests.
+    pub fn burst_size(&self) -> u32 {
+        self.burst
+            .unwrap_or_else(|| (self.capacity * 0.1).round().max(1.0) as u32)
+    }
+
+    /// The strategy's delay calculator for this model.
+    ///
+    /// # Errors
+    /// The strategy's own errors (see [`Strategy::retrier`]).
+    pub fn retrier(&self, strategy: &Strategy) -> Result<Retrier, SimError> {
+        strategy.retrier(self.base, self.cap, 0)
+    }
+
+    fn blocked_policy(&self) -> Result<RetryPolicy, SimError> {
+        RetryPolicy::builder("simulated")
+            .with_blocked_jitter(self.blocked_jitter)
+            .build()
+            .map_err(|e| SimError::config("blocked jitter", e, "at most 1h"))
+    }
+}
+
+const WAKE: u8 = 0;
+const AT_SERVER: u8 = 1;
+const REPLY: u8 = 2;
+const RA_BIT: u64 = 1 << 16;
+
+/// 2026-01-01T00:00:00Z: the simulated clock's origin for the breaker and `Retry-After`.
+const ORIGIN_MS: i64 = 1_767_225_600_000;
+
+fn ts(t_ns: u64) -> Timestamp {
+    DateTime::from_timestamp_millis(ORIGIN_MS + (t_ns / 1_000_000) as i64)
+        .unwrap_or(DateTime::<chrono::Utc>::MAX_UTC)
+}
+
+fn ns_since_origin(t: Timestamp) -> u64 {
+    u64::try_from(t.timestamp_millis() - ORIGIN_MS).unwrap_or(0) * 1_000_000
+}
+
+/// One run of the `capacity` model.
+pub(crate) fn run<R: Rng + ?Sized>(
+    cfg: &CapacityConfig,
+    strategy: &Strategy,
+    retrier: &Retrier,
+    clients: u32,
+    seed: u64,
+    rng: &mut R,
+) -> Result<RunResult, SimError> {
+    let n = clients as usize;
+    let blocked = cfg.blocked_policy()?;
+    let mut out = RunResult::default();
+    let mut q = Queue::with_capacity(n);
+    let mut attempts = vec![1u32; n];
+    let mut prev: Vec<Option<Duration>> = vec![None; n];
+    let mut sent_at = vec![0u64; n];
+    let mut done = 0u32;
+    let mut last = 0u64;
+    let mut pause_until = 0u64;
+    let mut breaker = strategy
+        .breaker
+        .then(|| CircuitBreaker::new(cfg.breaker.clone(), seed));
+    let burst = f64::from(cfg.burst_size());
+    let mut tokens = burst;
+    let mut refilled_at = 0u64;
+    let horizon = ns(cfg.horizon);
+    let ra_header = cfg.retry_after.map(|s| s.to_string());
+
+    // The trigger: every call failed at t = 0 with a 503.
+    for c in 0..clients {
+        if let Some(b) = breaker.as_mut() {
+            b.record(
+                FailureClass::Infrastructure,
+                Duration::from_millis(20),
+                ts(0),
+            );
+        }
+        if cfg.max_attempts <= 1 {
+            out.failed += 1;
+            continue;
+        }
+        let d = retrier.delay(1, None, rng);
+        prev[c as usize] = Some(d);
+        q.push(ns(d), c, WAKE, 0);
+    }
+    if cfg.max_attempts <= 1 {
+        return Ok(out);
+    }
+
+    let defer = |until_ns: u64, reason, now: u64, rng: &mut R| -> u64 {
+        match blocked.decide_blocked(&JobCounters::default(), ts(until_ns), reason, ts(now), rng) {
+            Action::Defer { until, .. } => ns_since_origin(until).max(now + 1),
+            // No deadline is set, so decide_blocked always defers; keep going regardless.
+            _ => until_ns.max(now + 1),
+        }
+    };
+
+    while let Some((t, c, kind, payload)) = q.pop() {
+        if t > horizon {
+            break;
+        }
+        let ci = c as usize;
+        match kind {
+            WAKE => {
+                if strategy.retry_after && t < pause_until {
+                    out.blocked += 1;
+                    let at = defer(pause_until, DeferReason::Paused, t, rng);
+                    q.push(at, c, WAKE, 0);
+                    continue;
+                }
+                if let Some(b) = breaker.as_mut()
+                    && let (Admission::Rejected { until }, _) = b.admit(ts(t))
+                {
+                    out.blocked += 1;
+                    let until = until.map_or(t + ns(cfg.blocked_jitter), ns_since_origin);
+                    let at = defer(until, DeferReason::BreakerOpen, t, rng);
+                    q.push(at, c, WAKE, 0);
+                    continue;
+                }
+                sent_at[ci] = t;
+                q.push(t + cfg.net.delay_ns(rng), c, AT_SERVER, 0);
+            }
+            AT_SERVER => {
+                out.count_call(t);
+                let in_outage = cfg.outage.is_some_and(|o| {
+                    let s = ns(o.start);
+                    t >= s && t < s.saturating_add(ns(o.length))
+                });
+                let answer = if in_outage {
+                    503
+                } else {
+                    let dt = (t - refilled_at) as f64 / 1e9;
+                    tokens = (tokens + dt * cfg.capacity).min(burst);
+                    refilled_at = t;
+                    if tokens >= 1.0 {
+                        tokens -= 1.0;
+                        200
+                    } else {
+                        u64::from(cfg.overload.status())
+                            | if cfg.retry_after.is_some() { RA_BIT } else { 0 }
+                    }
+                };
+                if answer != 200 {
+                    out.wasted += 1;
+                }
+                q.push(t + cfg.net.delay_ns(rng), c, REPLY, answer);
+            }
+            _ => {
+                let status = payload & 0xffff;
+                let class = match status {
+                    200 => FailureClass::Success,
+                    429 => FailureClass::RateLimited,
+                    _ => FailureClass::Infrastructure,
+                };
+                if let Some(b) = breaker.as_mut() {
+                    b.record(class, Duration::from_nanos(t - sent_at[ci]), ts(t));
+                }
+                if status == 200 {
+                    done += 1;
+                    last = t;
+                    continue;
+                }
+                attempts[ci] += 1;
+                if attempts[ci] >= cfg.max_attempts {
+                    out.failed += 1;
+                    last = t;
+                    continue;
+                }
+                // R6: a valid Retry-After wins over the formula (clamped); R19: it pauses the fleet.
+                let server_wait = match (&ra_header, payload & RA_BIT != 0) {
+                    (Some(h), true) if strategy.retry_after => {
+                        retry_after_clamped(h, ts(t), cfg.retry_after_max)
+                    }
+                    _ => None,
+                };
+                let d = match server_wait {
+                    Some(wait) => {
+                        pause_until = pause_until.max(t + ns(wait));
+                        wait
+                    }
+                    None => {
+                        let d = retrier.delay(attempts[ci], prev[ci], rng);
+                        prev[ci] = Some(d);
+                        d
+                    }
+                };
+                q.push(t + ns(d), c, WAKE, 0);
+            }
+        }
+    }
+    // Workers still waiting at the horizon did not get their payment through.
+    let finished = done + out.failed;
+    if finished < clients {
+        out.failed += clients - finished;
+        last = horizon;
+    }
+    out.completion = Duration::from_nanos(last);
+    Ok(out)
+}
