@@ -348,6 +348,30 @@ pub(crate) struct SimulateArgs {
     /// Print one JSON document.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Backoff base (default: occ 5ms, capacity 1s).
+    #[arg(long, value_parser = parse_duration)]
+    pub(crate) base: Option<Duration>,
+    /// Backoff cap (default: occ 2s, capacity 30s).
+    #[arg(long, value_parser = parse_duration)]
+    pub(crate) cap: Option<Duration>,
+    /// Capacity model: requests per second the PSP serves (default 50).
+    #[arg(long)]
+    pub(crate) capacity: Option<f64>,
+    /// Capacity model: requests the PSP's token bucket holds (default: 100 ms of capacity).
+    #[arg(long)]
+    pub(crate) burst: Option<u32>,
+    /// Capacity model: the status beyond capacity, 429 or 503 (default 429).
+    #[arg(long)]
+    pub(crate) overload: Option<u16>,
+    /// Capacity model: whole seconds sent as Retry-After beyond capacity, or `none` (default 1).
+    #[arg(long = "retry-after")]
+    pub(crate) retry_after: Option<String>,
+    /// Capacity model: outage window START+LENGTH (e.g. `0s+5s`): every request in it gets 503.
+    #[arg(long)]
+    pub(crate) outage: Option<String>,
+    /// Capacity model: attempts per worker, the failed first call included (default 50).
+    #[arg(long = "max-attempts")]
+    pub(crate) max_attempts: Option<u32>,
 }
 
 /// `redrive demo`.

@@ -77,7 +77,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let global = cli.global;
     match cli.command {
         Command::Policy(cmd) => cmd::policy::run(&global, cmd),
+        Command::Simulate(args) => cmd::simulate::run(&global, args),
         Command::Migrate => cmd::queue::migrate(&global),
+        Command::Work(a) => cmd::work::run(&global, a),
         Command::Enqueue(a) => cmd::queue::enqueue(&global, a),
         Command::Jobs(a) => cmd::queue::jobs(&global, a),
         Command::Show(a) => cmd::queue::show(&global, a),

@@ -233,3 +233,30 @@ fn bench_runs_small_and_prints_json() {
         "--concurrency",
     );
 }
+
+#[test]
+fn work_until_idle_runs_noop_jobs_and_leaves_unknown_kinds_dead() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite:{}", dir.path().join("q.db").display());
+    for _ in 0..3 {
+        ok(&redrive(
+            &db,
+            &["enqueue", "--queue", "q", "--kind", "noop", "--json"],
+        ));
+    }
+    ok(&redrive(
+        &db,
+        &["enqueue", "--queue", "other", "--kind", "mystery", "--json"],
+    ));
+    let o = redrive(&db, &["work", "--until-idle"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("succeeded 3, dead 1"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let dead = ok(&redrive(&db, &["dead", "list", "--json"]));
+    assert_eq!(dead["jobs"][0]["dead_reason"], "permanent");
+    let succeeded = ok(&redrive(&db, &["jobs", "--state", "succeeded", "--json"]));
+    assert_eq!(succeeded["jobs"].as_array().unwrap().len(), 3);
+}

@@ -4,3 +4,5 @@ pub(crate) mod bench;
 pub(crate) mod policy;
 pub(crate) mod psp_sim;
 pub(crate) mod queue;
+pub(crate) mod simulate;
+pub(crate) mod work;

@@ -1,0 +1,134 @@
+//! `redrive simulate`, run as a user runs it: the built binary.
+
+use std::process::{Command, Output};
+
+fn redrive(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_redrive"))
+        .arg("simulate")
+        .args(args)
+        .env_remove("REDRIVE_POLICIES")
+        .output()
+        .expect("run redrive")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn a_small_seeded_sweep_prints_a_table_and_writes_csv() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("occ.csv");
+    let o = redrive(&[
+        "--clients",
+        "10,20",
+        "--runs",
+        "5",
+        "--seed",
+        "3",
+        "--csv",
+        csv.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("model occ"), "{out}");
+    assert!(out.contains("seeds 3..7"), "{out}");
+    for s in [
+        "none",
+        "constant",
+        "exponential",
+        "full",
+        "equal",
+        "decorrelated",
+        "proportional(0.5)",
+    ] {
+        assert!(out.contains(s), "{s}: {out}");
+    }
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert_eq!(text.lines().count(), 1 + 7 * 2, "{text}");
+    // Same seed, same output.
+    let again = redrive(&["--clients", "10,20", "--runs", "5", "--seed", "3"]);
+    let first: Vec<_> = out.lines().filter(|l| !l.starts_with("wrote")).collect();
+    assert_eq!(first, stdout(&again).lines().collect::<Vec<_>>());
+}
+
+#[test]
+fn capacity_model_json_and_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("cap.svg");
+    let o = redrive(&[
+        "--model",
+        "capacity",
+        "--clients",
+        "50",
+        "--runs",
+        "3",
+        "--strategy",
+        "exponential",
+        "--strategy",
+        "full+ra,schedule(1s,2s,4s)",
+        "--capacity",
+        "20",
+        "--outage",
+        "0s+2s",
+        "--plot",
+        svg.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("one JSON document");
+    assert_eq!(v["model"], "capacity");
+    assert_eq!(v["capacity_per_100ms"], 2.0);
+    let names: Vec<_> = v["strategies"].as_array().unwrap().iter().collect();
+    assert_eq!(names, ["exponential", "full+ra", "schedule(1s,2s,4s)"]);
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+}
+
+#[test]
+fn a_bad_strategy_exits_2_naming_the_flag_and_value() {
+    let o = redrive(&["--strategy", "fulll", "--runs", "1", "--clients", "5"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("--strategy"), "{err}");
+    assert!(err.contains("fulll"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+
+    let o = redrive(&["--strategy", "full+ra", "--runs", "1", "--clients", "5"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("capacity model only"), "{}", stderr(&o));
+}
+
+#[test]
+fn other_bad_values_exit_2() {
+    for (args, needle) in [
+        (&["--model", "herd"][..], "--model"),
+        (&["--clients", "10,x"][..], "--clients"),
+        (&["--clients", "0"][..], "--clients"),
+        (
+            &["--capacity", "100"][..],
+            "--capacity applies to --model capacity",
+        ),
+        (
+            &["--model", "capacity", "--capacity", "0"][..],
+            "--capacity",
+        ),
+        (
+            &["--model", "capacity", "--overload", "500"][..],
+            "--overload",
+        ),
+        (
+            &["--model", "capacity", "--retry-after", "soon"][..],
+            "--retry-after",
+        ),
+        (&["--model", "capacity", "--outage", "5s"][..], "--outage"),
+        (&["--plot", "chart.jpg"][..], "--plot"),
+    ] {
+        let o = redrive(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
+    }
+}
