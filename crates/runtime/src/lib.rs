@@ -29,7 +29,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
-use redrive_policy::{Action, FailureClass, Outcome, PolicySet, RetryPolicy};
+use redrive_policy::{Action, Outcome, PolicySet, RetryPolicy};
 use redrive_store::{
     ClaimParams, Completion, Job, NewAttempt, Store, StoreError, Timestamp, Transition,
 };
@@ -341,7 +341,7 @@ impl Worker {
                     worker: Some(w.name.clone()),
                     started_at: started,
                     duration: (now - started).to_std().unwrap_or_default(),
-                    class: class_of(&attempted.outcome),
+                    class: attempted.outcome.class(),
                     http_status: attempted.http_status,
                     error: attempted.error.clone(),
                     counted: verdict.counted,
@@ -419,18 +419,6 @@ impl Worker {
 
 fn job_until(len: Duration) -> Timestamp {
     chrono::Utc::now() + chrono::Duration::from_std(len).unwrap_or_default()
-}
-
-fn class_of(o: &Outcome) -> FailureClass {
-    match o {
-        Outcome::Success => FailureClass::Success,
-        Outcome::Permanent => FailureClass::Permanent,
-        Outcome::Auth => FailureClass::Auth,
-        Outcome::RateLimited { .. } => FailureClass::RateLimited,
-        Outcome::Infrastructure { .. } => FailureClass::Infrastructure,
-        Outcome::Timeout { .. } => FailureClass::Timeout,
-        Outcome::Exception => FailureClass::Exception,
-    }
 }
 
 fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
