@@ -559,7 +559,11 @@ fn stored(status: u16, body: &str) -> StoredResponse {
 /// nothing; the newer result wins.
 pub async fn t16_stale_holder_is_fenced(b: &Backend) {
     let store = b.store();
-    let old = claim_req("k-t16", [1; 32], SHORT_LEASE, true);
+    // A long retention: only the lease may run out here, however slow the machine.
+    let old = ClaimRequest {
+        retention: Duration::from_secs(60),
+        ..claim_req("k-t16", [1; 32], SHORT_LEASE, true)
+    };
     let ClaimOutcome::Acquired(a) = store.claim(&old).await.unwrap() else {
         panic!("claim")
     };
@@ -612,13 +616,14 @@ pub async fn t17_long_handler_keeps_lease(b: &Backend) {
         send(
             &app2,
             req("POST", "/charges", Some("k-t17"), BODY)
-                .header("x-test-delay-ms", "1800")
+                .header("x-test-delay-ms", "4000")
                 .body(Body::from(BODY))
                 .unwrap(),
         )
         .await
     });
-    // 1.2 s in all (twice the lease), in steps shorter than the lease; the memory store's
+    // 1.2 s in all (twice the lease; the handler takes 4 s so that a loaded machine still
+    // asks while it runs), in steps shorter than the lease; the memory store's
     // clock moves with real time here so that its heartbeats are exercised too.
     for _ in 0..4 {
         b.wait_real(Duration::from_millis(300)).await;
