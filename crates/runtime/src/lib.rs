@@ -117,6 +117,22 @@ pub struct Summary {
     pub attempts: u64,
 }
 
+impl Summary {
+    /// Adds another run's counts to these.
+    pub fn add(&mut self, o: Summary) {
+        self.succeeded += o.succeeded;
+        self.dead += o.dead;
+        self.deferred += o.deferred;
+        self.lease_lost += o.lease_lost;
+        self.attempts += o.attempts;
+    }
+
+    /// Claims that ended (succeeded, dead, deferred or lost).
+    pub fn finished(&self) -> u64 {
+        self.succeeded + self.dead + self.deferred + self.lease_lost
+    }
+}
+
 /// The runtime's errors.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
@@ -237,13 +253,7 @@ impl Worker {
             }
             for t in tasks {
                 match t.await {
-                    Ok(Ok(s)) => {
-                        total.succeeded += s.succeeded;
-                        total.dead += s.dead;
-                        total.deferred += s.deferred;
-                        total.lease_lost += s.lease_lost;
-                        total.attempts += s.attempts;
-                    }
+                    Ok(Ok(s)) => total.add(s),
                     Ok(Err(e)) => return Err(e),
                     Err(e) => tracing::error!("job task failed: {e}"),
                 }

@@ -14,48 +14,49 @@ macro_rules! shared_ops {
                 now: redrive_policy::Timestamp,
             ) -> crate::Result<crate::Enqueued> {
                 job.validate()?;
-                let run_at = job.run_at.unwrap_or(now);
-                let state = if run_at > now {
-                    "scheduled"
-                } else {
-                    "available"
-                };
-                let ttl = job.ttl.map(crate::model::dur_ms);
-                let deadline = ttl.map(|t| crate::model::millis(now).saturating_add(t));
-                let inserted: Option<crate::rows::JobRow> =
-                    sqlx::query_as(sqlx::AssertSqlSafe(self.sql.insert_job.clone()))
-                        .bind(&job.queue)
-                        .bind(&job.kind)
-                        .bind(job.payload.to_string())
-                        .bind(&job.key)
-                        .bind(&job.dependency)
-                        .bind(i64::from(job.priority))
-                        .bind(state)
-                        .bind(i64::from(job.max_attempts))
-                        .bind(&job.policy)
-                        .bind(crate::model::millis(run_at))
-                        .bind(ttl)
-                        .bind(deadline)
-                        .bind(crate::model::millis(now))
-                        .fetch_optional(&mut *conn)
-                        .await?;
-                if let Some(row) = inserted {
-                    return Ok(crate::Enqueued {
-                        job: row.into_job()?,
-                        created: true,
-                    });
+                let mut out = self
+                    .enqueue_chunk_in(conn, std::slice::from_ref(job), now)
+                    .await?;
+                Ok(out.remove(0))
+            }
+
+            /// One multi-row insert, then the jobs the unique index refused looked up by key;
+            /// results in input order. The jobs are validated by the caller.
+            async fn enqueue_chunk_in(
+                &self,
+                conn: &mut $conn,
+                chunk: &[crate::NewJob],
+                now: redrive_policy::Timestamp,
+            ) -> crate::Result<Vec<crate::Enqueued>> {
+                let rows = self.insert_chunk(conn, chunk, now).await?;
+                let created = rows
+                    .into_iter()
+                    .map(|r| r.into_job())
+                    .collect::<crate::Result<Vec<_>>>()?;
+                let mut out = Vec::with_capacity(chunk.len());
+                for (job, slot) in chunk
+                    .iter()
+                    .zip(crate::batch::match_inserted(chunk, created))
+                {
+                    let e = match slot {
+                        Some(e) => e,
+                        // Refused by the unique index: the job with this key already existed.
+                        None => {
+                            let existing: crate::rows::JobRow =
+                                sqlx::query_as(sqlx::AssertSqlSafe(self.sql.find_by_key.clone()))
+                                    .bind(&job.queue)
+                                    .bind(&job.key)
+                                    .fetch_one(&mut *conn)
+                                    .await?;
+                            crate::Enqueued {
+                                job: existing.into_job()?,
+                                created: false,
+                            }
+                        }
+                    };
+                    out.push(e);
                 }
-                // The unique index refused it: a job with this queue and key exists.
-                let existing: crate::rows::JobRow =
-                    sqlx::query_as(sqlx::AssertSqlSafe(self.sql.find_by_key.clone()))
-                        .bind(&job.queue)
-                        .bind(&job.key)
-                        .fetch_one(&mut *conn)
-                        .await?;
-                Ok(crate::Enqueued {
-                    job: existing.into_job()?,
-                    created: false,
-                })
+                Ok(out)
             }
 
             pub(crate) async fn enqueue_many_impl(
@@ -70,28 +71,7 @@ macro_rules! shared_ops {
                 let mut tx = self.tx().await?;
                 let mut out = Vec::with_capacity(jobs.len());
                 for chunk in jobs.chunks(self.sql.enqueue_chunk) {
-                    let rows = self.insert_chunk(&mut tx, chunk, now).await?;
-                    let mut created = Vec::with_capacity(rows.len());
-                    for r in rows {
-                        created.push(r.into_job()?);
-                    }
-                    let mut resolved = crate::batch::match_inserted(chunk, created);
-                    for (i, slot) in resolved.iter_mut().enumerate() {
-                        if slot.is_none() {
-                            // Refused by the unique index: the job with this key already existed.
-                            let existing: crate::rows::JobRow =
-                                sqlx::query_as(sqlx::AssertSqlSafe(self.sql.find_by_key.clone()))
-                                    .bind(&chunk[i].queue)
-                                    .bind(&chunk[i].key)
-                                    .fetch_one(&mut *tx)
-                                    .await?;
-                            *slot = Some(crate::Enqueued {
-                                job: existing.into_job()?,
-                                created: false,
-                            });
-                        }
-                    }
-                    out.extend(resolved.into_iter().flatten());
+                    out.extend(self.enqueue_chunk_in(&mut tx, chunk, now).await?);
                 }
                 tx.commit().await?;
                 self.wake();
@@ -160,74 +140,9 @@ macro_rules! shared_ops {
                 Ok(jobs)
             }
 
-            async fn complete_in(
-                &self,
-                tx: &mut $conn,
-                c: &crate::Completion,
-            ) -> crate::Result<()> {
-                use crate::model::{dur_ms, millis};
-                let crate::batch::CompletionFields {
-                    state,
-                    run_at,
-                    defer_reason,
-                    dead_reason,
-                    result,
-                } = crate::batch::CompletionFields::of(c);
-                let k = &c.counters;
-                let replays: Option<i64> =
-                    sqlx::query_scalar(sqlx::AssertSqlSafe(self.sql.complete.clone()))
-                        .bind(c.lease.job_id)
-                        .bind(c.lease.token)
-                        .bind(state.as_str())
-                        .bind(i64::from(k.attempts))
-                        .bind(i64::from(k.exceptions))
-                        .bind(i64::from(k.defers))
-                        .bind(i64::from(k.consecutive_auth))
-                        .bind(k.prev_delay.map(dur_ms))
-                        .bind(k.first_attempt_at.map(millis))
-                        .bind(run_at)
-                        .bind(defer_reason)
-                        .bind(dead_reason)
-                        .bind(c.error.as_deref())
-                        .bind(result)
-                        .bind(state.is_final().then(|| millis(c.now)))
-                        .bind(millis(c.now))
-                        .fetch_optional(&mut *tx)
-                        .await?;
-                let Some(replays) = replays else {
-                    return Err(crate::StoreError::LeaseLost {
-                        id: c.lease.job_id,
-                        token: c.lease.token,
-                    });
-                };
-                if let Some(a) = &c.attempt {
-                    sqlx::query(sqlx::AssertSqlSafe(self.sql.insert_attempt.clone()))
-                        .bind(c.lease.job_id)
-                        .bind(replays)
-                        .bind(c.lease.token)
-                        .bind(a.worker.as_deref())
-                        .bind(millis(a.started_at))
-                        .bind(dur_ms(a.duration))
-                        .bind(a.class.as_str())
-                        .bind(a.http_status.map(i64::from))
-                        .bind(a.error.as_deref())
-                        .bind(c.transition.delay().map(dur_ms))
-                        .bind(c.transition.mode().map(|m| m.as_str()))
-                        .bind(a.counted)
-                        .execute(&mut *tx)
-                        .await?;
-                }
-                Ok(())
-            }
-
             pub(crate) async fn complete_impl(&self, c: &crate::Completion) -> crate::Result<()> {
-                let mut tx = self.tx().await?;
-                self.complete_in(&mut tx, c).await?;
-                tx.commit().await?;
-                if matches!(c.transition, crate::Transition::Released) {
-                    self.wake();
-                }
-                Ok(())
+                let mut results = self.complete_many_impl(std::slice::from_ref(c)).await?;
+                results.remove(0)
             }
 
             pub(crate) async fn complete_many_impl(

@@ -15,7 +15,6 @@ pub(crate) enum Dialect {
 /// Every statement, prepared as text for one dialect.
 #[derive(Debug, Clone)]
 pub(crate) struct Sql {
-    pub(crate) insert_job: Arc<str>,
     pub(crate) find_by_key: Arc<str>,
     pub(crate) get_job: Arc<str>,
     pub(crate) attempts_of: Arc<str>,
@@ -25,8 +24,6 @@ pub(crate) struct Sql {
     pub(crate) enqueue_chunk: usize,
     /// Rows per multi-row completion.
     pub(crate) complete_chunk: usize,
-    pub(crate) complete: Arc<str>,
-    pub(crate) insert_attempt: Arc<str>,
     pub(crate) heartbeat: Arc<str>,
     pub(crate) cancel: Arc<str>,
     pub(crate) replay_ids: Arc<str>,
@@ -98,13 +95,6 @@ impl Sql {
             ),
         };
         Self {
-            insert_job: fill(format!(
-                "INSERT INTO redrive_jobs (queue, kind, payload, idempotency_key, dependency, priority, \
-                 state, max_attempts, policy, run_at, ttl_ms, deadline, created_at, updated_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13) \
-                 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
-                 RETURNING {JOB_COLS}"
-            )),
             find_by_key: fill(format!(
                 "SELECT {JOB_COLS} FROM redrive_jobs WHERE queue = $1 AND idempotency_key = $2"
             )),
@@ -116,25 +106,6 @@ impl Sql {
             complete_chunk: if dialect == Dialect::Sqlite { 50 } else { 500 },
             claim_one: fill(claim.replace("j.queue IN JSON_TEXTS_2", "j.queue = $2")),
             claim: fill(claim),
-            complete: fill(
-                "UPDATE redrive_jobs SET state = $3, attempts = $4, exceptions = $5, defers = $6, \
-                 consecutive_auth = $7, prev_delay_ms = $8, first_attempt_at = $9, \
-                 run_at = COALESCE($10, run_at), defer_reason = $11, dead_reason = $12, \
-                 last_error = COALESCE($13, last_error), result = COALESCE($14, result), \
-                 lease_owner = CASE WHEN $3 = 'running' THEN lease_owner ELSE NULL END, \
-                 lease_expires_at = CASE WHEN $3 = 'running' THEN lease_expires_at ELSE NULL END, \
-                 finished_at = $15, updated_at = $16 \
-                 WHERE id = $1 AND lease_token = $2 AND state = 'running' \
-                 RETURNING replays"
-                    .into(),
-            ),
-            insert_attempt: fill(
-                "INSERT INTO redrive_attempts (job_id, number, replay, lease_token, worker, started_at, \
-                 duration_ms, class, http_status, error, delay_ms, mode, counted) \
-                 VALUES ($1, (SELECT COUNT(*) + 1 FROM redrive_attempts WHERE job_id = $1 AND replay = $2), \
-                 $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
-                    .into(),
-            ),
             heartbeat: fill(
                 "UPDATE redrive_jobs SET lease_expires_at = $3, updated_at = $4 \
                  WHERE id = $1 AND lease_token = $2 AND state = 'running'"

@@ -27,9 +27,7 @@ pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
                 a.queues.clone()
             };
             rx.borrow_and_update();
-            let left = a.max_jobs.map(|m| {
-                m.saturating_sub(total.succeeded + total.dead + total.deferred + total.lease_lost)
-            });
+            let left = a.max_jobs.map(|m| m.saturating_sub(total.finished()));
             if left == Some(0) {
                 break;
             }
@@ -41,11 +39,7 @@ pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
                 .build()
                 .run_until_idle()
                 .await?;
-            total.succeeded += s.succeeded;
-            total.dead += s.dead;
-            total.deferred += s.deferred;
-            total.lease_lost += s.lease_lost;
-            total.attempts += s.attempts;
+            total.add(s);
             if a.until_idle {
                 break;
             }
