@@ -1,0 +1,910 @@
+//! The worker: a claim loop feeding a bounded set of job tasks, and the executor that runs one
+//! claim through the decision table.
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::FutureExt;
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use redrive_policy::{Action, DeferReason, Outcome, PolicySet, RetryPolicy, Timestamp};
+use redrive_store::{
+    ClaimParams, Clock, Completion, Job, NewAttempt, Store, StoreError, SystemClock, Transition,
+};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::completer::{Completer, WriteError};
+use crate::db::Db;
+use crate::fleet::{Fleet, Gate};
+use crate::handler::{Attempted, Handler, JobContext, StatusAnswer};
+use crate::metrics;
+
+/// What a run did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Jobs that succeeded.
+    pub succeeded: u64,
+    /// Jobs that went to the dead-letter table.
+    pub dead: u64,
+    /// Jobs deferred (back in the queue for later: a long backoff, a rate limit, an open
+    /// breaker or a pause).
+    pub deferred: u64,
+    /// Jobs handed back at shutdown (the interrupted attempt not counted).
+    pub released: u64,
+    /// Claims whose lease was lost (nothing written).
+    pub lease_lost: u64,
+    /// Attempts made (calls to handlers).
+    pub attempts: u64,
+}
+
+impl Summary {
+    /// Adds another run's counts to these.
+    pub fn add(&mut self, o: Summary) {
+        self.succeeded += o.succeeded;
+        self.dead += o.dead;
+        self.deferred += o.deferred;
+        self.released += o.released;
+        self.lease_lost += o.lease_lost;
+        self.attempts += o.attempts;
+    }
+
+    /// Claims that ended (succeeded, dead, deferred, released or lost).
+    pub fn finished(&self) -> u64 {
+        self.succeeded + self.dead + self.deferred + self.released + self.lease_lost
+    }
+}
+
+/// The runtime's errors.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A fenced write failed (other than a lost lease) and kept failing.
+    #[error("recording job {job}: {detail}")]
+    Write {
+        /// The job.
+        job: i64,
+        /// The last error.
+        detail: String,
+    },
+}
+
+/// One refresh of credentials shared by every job of a kind that hit a 401 at the same time.
+#[derive(Debug, Default)]
+struct AuthGate {
+    generation: AtomicU64,
+    lock: tokio::sync::Mutex<()>,
+}
+
+/// Builds a [`Worker`].
+#[derive(Debug)]
+pub struct WorkerBuilder {
+    store: Store,
+    queues: Vec<String>,
+    handlers: HashMap<String, Arc<dyn Handler>>,
+    policies: PolicySet,
+    queue_policies: HashMap<String, RetryPolicy>,
+    kind_policies: HashMap<String, RetryPolicy>,
+    concurrency: usize,
+    claim_batch: Option<usize>,
+    lease: Duration,
+    heartbeat: Option<Duration>,
+    poll: Duration,
+    grace: Duration,
+    rescue_every: Duration,
+    gauges_every: Option<Duration>,
+    dependency_refresh: Duration,
+    seed: u64,
+    name: String,
+    max_jobs: Option<u64>,
+    clock: Arc<dyn Clock>,
+    store_runtime: Option<tokio::runtime::Handle>,
+}
+
+impl WorkerBuilder {
+    /// Registers a handler for a job kind (the registry of kinds this worker runs; a job of
+    /// another kind dies as `permanent`, naming the kind).
+    pub fn handler(mut self, kind: impl Into<String>, h: Arc<dyn Handler>) -> Self {
+        self.handlers.insert(kind.into(), h);
+        self
+    }
+    /// The policies jobs name and the breaker settings per dependency (default: the built-in
+    /// presets and the default breaker).
+    pub fn policies(mut self, p: PolicySet) -> Self {
+        self.policies = p;
+        self
+    }
+    /// The policy for every job of a queue (wins over the policy the job names).
+    pub fn queue_policy(mut self, queue: impl Into<String>, p: RetryPolicy) -> Self {
+        self.queue_policies.insert(queue.into(), p);
+        self
+    }
+    /// The policy for every job of a kind (wins over the queue's and the job's).
+    pub fn kind_policy(mut self, kind: impl Into<String>, p: RetryPolicy) -> Self {
+        self.kind_policies.insert(kind.into(), p);
+        self
+    }
+    /// Jobs run at once (default 8).
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n.max(1);
+        self
+    }
+    /// Jobs claimed per store call (default: up to the free slots, at most 200).
+    pub fn claim_batch(mut self, n: usize) -> Self {
+        self.claim_batch = Some(n.max(1));
+        self
+    }
+    /// Lease length (default 30 s).
+    pub fn lease(mut self, d: Duration) -> Self {
+        self.lease = d.max(Duration::from_millis(300));
+        self
+    }
+    /// Heartbeat interval (default a third of the lease).
+    pub fn heartbeat(mut self, d: Duration) -> Self {
+        self.heartbeat = Some(d.max(Duration::from_millis(10)));
+        self
+    }
+    /// How often an idle worker looks for work when no wake-up arrives (default 250 ms).
+    pub fn poll_interval(mut self, d: Duration) -> Self {
+        self.poll = d.max(Duration::from_millis(1));
+        self
+    }
+    /// How long running attempts may take to finish after shutdown begins before they are
+    /// interrupted and their jobs released (default 30 s).
+    pub fn shutdown_grace(mut self, d: Duration) -> Self {
+        self.grace = d;
+        self
+    }
+    /// How often expired leases are rescued (default 1 s).
+    pub fn rescue_interval(mut self, d: Duration) -> Self {
+        self.rescue_every = d.max(Duration::from_millis(10));
+        self
+    }
+    /// How often to set the `redrive_jobs` gauges from the store's counts (default 5 s;
+    /// `None`: never).
+    pub fn gauge_interval(mut self, d: Option<Duration>) -> Self {
+        self.gauges_every = d;
+        self
+    }
+    /// How old a cached dependency row may be before it is read again (default 20 ms).
+    pub fn dependency_refresh(mut self, d: Duration) -> Self {
+        self.dependency_refresh = d;
+        self
+    }
+    /// Seed of the jitter RNGs.
+    pub fn seed(mut self, s: u64) -> Self {
+        self.seed = s;
+        self
+    }
+    /// The worker's name (stored as lease owner and on attempts).
+    pub fn name(mut self, n: impl Into<String>) -> Self {
+        self.name = n.into();
+        self
+    }
+    /// Stop claiming after this many claims.
+    pub fn max_jobs(mut self, n: Option<u64>) -> Self {
+        self.max_jobs = n;
+        self
+    }
+    /// The clock (default the system clock; tests use [`crate::TokioClock`]).
+    pub fn clock(mut self, c: Arc<dyn Clock>) -> Self {
+        self.clock = c;
+        self
+    }
+    /// Runs every store call on this runtime, from a blocking thread. Only for tests under
+    /// tokio's paused clock: a running blocking task stops the paused clock from jumping
+    /// ahead while the database answers (connect the store on that runtime too).
+    pub fn store_runtime(mut self, h: tokio::runtime::Handle) -> Self {
+        self.store_runtime = Some(h);
+        self
+    }
+    /// The worker.
+    pub fn build(self) -> Worker {
+        let db = Db::new(self.store.clone(), self.store_runtime.clone());
+        let fleet = Fleet::new(
+            db.clone(),
+            self.policies.clone(),
+            self.dependency_refresh,
+            self.seed,
+        );
+        let auth = self
+            .handlers
+            .keys()
+            .map(|k| (k.clone(), Arc::new(AuthGate::default())))
+            .collect();
+        Worker {
+            inner: Arc::new(Inner {
+                b: self,
+                db,
+                fleet,
+                auth,
+            }),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    b: WorkerBuilder,
+    db: Db,
+    fleet: Fleet,
+    auth: HashMap<String, Arc<AuthGate>>,
+}
+
+/// A pool of job runners over some queues.
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use std::sync::Arc;
+/// use redrive_runtime::{Noop, Worker};
+/// use redrive_store::{NewJob, Store};
+///
+/// let dir = tempfile::tempdir().unwrap();
+/// let store = Store::connect(&format!("sqlite:{}", dir.path().join("q.db").display())).await.unwrap();
+/// store.enqueue(&NewJob::new("q", "noop", serde_json::json!({})), chrono::Utc::now()).await.unwrap();
+/// let summary = Worker::builder(store, vec!["q".into()]).handler("noop", Arc::new(Noop)).build()
+///     .run_until_idle().await.unwrap();
+/// assert_eq!(summary.succeeded, 1);
+/// # });
+/// ```
+#[derive(Debug, Clone)]
+pub struct Worker {
+    inner: Arc<Inner>,
+}
+
+/// One run's shared parts.
+struct Run {
+    w: Arc<Inner>,
+    completer: Completer,
+    stop: CancellationToken,
+    hard: CancellationToken,
+}
+
+impl Worker {
+    /// A builder for a worker on `queues`.
+    pub fn builder(store: Store, queues: Vec<String>) -> WorkerBuilder {
+        WorkerBuilder {
+            store,
+            queues,
+            handlers: HashMap::new(),
+            policies: PolicySet::builtin(),
+            queue_policies: HashMap::new(),
+            kind_policies: HashMap::new(),
+            concurrency: 8,
+            claim_batch: None,
+            lease: Duration::from_secs(30),
+            heartbeat: None,
+            poll: Duration::from_millis(250),
+            grace: Duration::from_secs(30),
+            rescue_every: Duration::from_secs(1),
+            gauges_every: Some(Duration::from_secs(5)),
+            dependency_refresh: Duration::from_millis(20),
+            seed: 0x5eed,
+            name: format!(
+                "worker-{}-{:04x}",
+                std::process::id(),
+                rand::random::<u16>()
+            ),
+            max_jobs: None,
+            clock: Arc::new(SystemClock),
+            store_runtime: None,
+        }
+    }
+
+    /// Runs until no job is due and none is running (jobs deferred to later are left for a
+    /// later run), or `max_jobs` claims have ended.
+    pub async fn run_until_idle(&self) -> Result<Summary, RuntimeError> {
+        self.run_inner(CancellationToken::new(), true).await
+    }
+
+    /// Runs until `shutdown` is cancelled: then stops claiming, lets running attempts finish
+    /// within the grace period, releases jobs waiting to retry in process (to their planned
+    /// time) and, when the grace period ends, interrupts the rest and releases their jobs
+    /// (the interrupted attempt not counted).
+    pub async fn run(&self, shutdown: CancellationToken) -> Result<Summary, RuntimeError> {
+        self.run_inner(shutdown, false).await
+    }
+
+    async fn run_inner(
+        &self,
+        stop: CancellationToken,
+        until_idle: bool,
+    ) -> Result<Summary, RuntimeError> {
+        let w = &self.inner;
+        let b = &w.b;
+        let hard = CancellationToken::new();
+        let run = Arc::new(Run {
+            w: w.clone(),
+            completer: Completer::spawn(w.db.clone(), redrive_store::MAX_BATCH),
+            stop: stop.clone(),
+            hard: hard.clone(),
+        });
+        let sem = Arc::new(Semaphore::new(b.concurrency));
+        let mut tasks: JoinSet<Result<Summary, RuntimeError>> = JoinSet::new();
+        let mut total = Summary::default();
+        let mut failed: Option<RuntimeError> = None;
+        let mut claimed = 0u64;
+        let mut wake = b.store.subscribe();
+        let mut last_rescue: Option<tokio::time::Instant> = None;
+        let mut last_gauges: Option<tokio::time::Instant> = None;
+        let mut last_maintain: Option<tokio::time::Instant> = None;
+        let batch = b.claim_batch.unwrap_or(200);
+
+        loop {
+            while let Some(r) = tasks.try_join_next() {
+                absorb(r, &mut total, &mut failed);
+            }
+            if stop.is_cancelled() || failed.is_some() {
+                break;
+            }
+            let left = b.max_jobs.map(|m| m.saturating_sub(claimed));
+            if left == Some(0) {
+                break;
+            }
+            let now = b.clock.now();
+            if due(&mut last_rescue, b.rescue_every)
+                && let Err(e) =
+                    w.db.run(move |s| async move { s.rescue(now, 1000).await })
+                        .await
+            {
+                tracing::warn!("rescuing expired leases failed: {e}");
+            }
+            if due(&mut last_maintain, b.poll)
+                && let Err(e) = w.fleet.maintain(now).await
+            {
+                tracing::warn!("dependency housekeeping failed: {e}");
+            }
+            if let Some(every) = b.gauges_every
+                && due(&mut last_gauges, every)
+                && let Err(e) =
+                    w.db.run(|s| async move { metrics::publish_counts(&s).await })
+                        .await
+            {
+                tracing::warn!("reading queue counts failed: {e}");
+            }
+
+            let first = tokio::select! {
+                biased;
+                _ = stop.cancelled() => break,
+                p = sem.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            };
+            let want = (batch as u64).min(left.unwrap_or(u64::MAX)) as usize;
+            let mut permits = vec![first];
+            while permits.len() < want {
+                match sem.clone().try_acquire_owned() {
+                    Ok(p) => permits.push(p),
+                    Err(_) => break,
+                }
+            }
+            wake.borrow_and_update();
+            let p = ClaimParams {
+                queues: b.queues.clone(),
+                worker: b.name.clone(),
+                limit: permits.len() as u32,
+                lease: b.lease,
+                now: b.clock.now(),
+            };
+            let jobs = match w.db.run(move |s| async move { s.claim(&p).await }).await {
+                Ok(j) => j,
+                Err(e) => {
+                    tracing::warn!("claiming failed: {e}");
+                    drop(permits);
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        _ = tokio::time::sleep(b.poll) => continue,
+                    }
+                }
+            };
+            if jobs.is_empty() {
+                drop(permits);
+                if until_idle && tasks.is_empty() {
+                    break;
+                }
+                let q = b.queues.clone();
+                let wait = match w.db.run(move |s| async move { s.next_due(&q).await }).await {
+                    Ok(Some(t)) => (t - b.clock.now()).to_std().unwrap_or(Duration::ZERO),
+                    _ => b.poll,
+                }
+                .clamp(Duration::from_millis(1), b.poll);
+                tokio::select! {
+                    biased;
+                    _ = stop.cancelled() => break,
+                    Some(r) = tasks.join_next(), if !tasks.is_empty() => absorb(r, &mut total, &mut failed),
+                    r = wake.changed() => if r.is_err() { tokio::time::sleep(wait).await },
+                    _ = tokio::time::sleep(wait) => {}
+                }
+                continue;
+            }
+            claimed += jobs.len() as u64;
+            let mut permits = permits.into_iter();
+            for job in jobs {
+                let permit = permits.next();
+                let run = run.clone();
+                tasks.spawn(async move {
+                    let r = run.execute(job).await;
+                    drop(permit);
+                    r
+                });
+            }
+        }
+
+        // Shutdown or idle: let the running claims end (after the grace period, interrupt).
+        let grace = tokio::time::sleep(b.grace);
+        tokio::pin!(grace);
+        loop {
+            tokio::select! {
+                r = tasks.join_next() => match r {
+                    None => break,
+                    Some(r) => absorb(r, &mut total, &mut failed),
+                },
+                _ = &mut grace, if stop.is_cancelled() && !hard.is_cancelled() => {
+                    tracing::warn!(running = tasks.len(), "shutdown grace period over: interrupting and releasing");
+                    hard.cancel();
+                }
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(total),
+        }
+    }
+}
+
+fn due(last: &mut Option<tokio::time::Instant>, every: Duration) -> bool {
+    let now = tokio::time::Instant::now();
+    if last.is_none_or(|t| now - t >= every) {
+        *last = Some(now);
+        return true;
+    }
+    false
+}
+
+fn absorb(
+    r: Result<Result<Summary, RuntimeError>, tokio::task::JoinError>,
+    total: &mut Summary,
+    failed: &mut Option<RuntimeError>,
+) {
+    match r {
+        Ok(Ok(s)) => total.add(s),
+        Ok(Err(e)) => {
+            tracing::error!("job task failed: {e}");
+            failed.get_or_insert(e);
+        }
+        Err(e) => tracing::error!("job task panicked: {e}"),
+    }
+}
+
+/// How one pass of the executor's loop ended.
+enum Step {
+    /// Call again after this wait (holding the lease).
+    Again(Duration),
+    /// Call again at once (after a credentials refresh).
+    Refresh,
+    /// The claim ended.
+    Ended,
+}
+
+impl Run {
+    fn policy(&self, job: &Job) -> RetryPolicy {
+        let b = &self.w.b;
+        if let Some(p) = b.kind_policies.get(&job.kind) {
+            return p.clone();
+        }
+        if let Some(p) = b.queue_policies.get(&job.queue) {
+            return p.clone();
+        }
+        match b.policies.get(&job.policy) {
+            Ok(p) => p.clone(),
+            Err(_) => {
+                tracing::warn!(job = job.id, policy = %job.policy, "unknown policy; using payment");
+                RetryPolicy::payment()
+            }
+        }
+    }
+
+    /// Writes a fenced completion, retrying a failing store while the lease holds.
+    async fn write(&self, c: Completion, lost: &CancellationToken) -> Result<(), WriteError> {
+        let mut wait = Duration::from_millis(50);
+        let mut tries = 0;
+        loop {
+            match self.completer.complete(c.clone()).await {
+                Ok(()) => return Ok(()),
+                Err(e) if e.is_lease_lost() || matches!(e, WriteError::Stopped) => return Err(e),
+                Err(e) => {
+                    tries += 1;
+                    if tries >= 6 || lost.is_cancelled() {
+                        return Err(e);
+                    }
+                    tracing::warn!(
+                        job = c.lease.job_id,
+                        "recording the attempt failed, retrying: {e}"
+                    );
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+
+    /// One claim: attempts until the job is done, dead, deferred, released or its lease is lost.
+    async fn execute(&self, job: Job) -> Result<Summary, RuntimeError> {
+        let lost = CancellationToken::new();
+        let heartbeat = self.spawn_heartbeat(&job, lost.clone());
+        let r = self.execute_inner(&job, &lost).await;
+        heartbeat.abort();
+        r
+    }
+
+    async fn execute_inner(
+        &self,
+        job: &Job,
+        lost: &CancellationToken,
+    ) -> Result<Summary, RuntimeError> {
+        let b = &self.w.b;
+        let clock = &b.clock;
+        let mut s = Summary::default();
+        let policy = self.policy(job);
+        let mut rng = SmallRng::seed_from_u64(
+            b.seed ^ (job.id as u64).rotate_left(17) ^ u64::from(job.attempts),
+        );
+        let lease = job.lease();
+        let mut counters = job.counters();
+        let handler = b.handlers.get(&job.kind).cloned();
+        let auth = self.w.auth.get(&job.kind).cloned();
+        let cancel = lost.child_token();
+        let write_err = |e: WriteError| RuntimeError::Write {
+            job: job.id,
+            detail: e.to_string(),
+        };
+
+        loop {
+            // Is the dependency open or paused (fleet-wide)? Then defer: not an attempt.
+            let mut probe = false;
+            if let (Some(dep), Some(_)) = (&job.dependency, &handler) {
+                let now = clock.now();
+                match self.w.fleet.admit(dep, now).await {
+                    Ok(Gate::Go { probe: p }) => probe = p,
+                    Ok(Gate::Blocked { until, reason }) => {
+                        let action = policy.decide_blocked(&counters, until, reason, now, &mut rng);
+                        let transition = match action {
+                            Action::Defer {
+                                until,
+                                delay,
+                                reason,
+                                ..
+                            } => Transition::Deferred {
+                                until,
+                                reason,
+                                delay,
+                            },
+                            Action::Dead { reason } => Transition::Dead { reason },
+                            _ => Transition::Released,
+                        };
+                        let dead = matches!(transition, Transition::Dead { .. });
+                        let c = Completion {
+                            lease,
+                            attempt: None,
+                            counters,
+                            transition,
+                            error: None,
+                            now,
+                        };
+                        match self.write(c, lost).await {
+                            Err(e) if e.is_lease_lost() => {
+                                s.lease_lost += 1;
+                                metrics::lease_lost();
+                            }
+                            Err(e) => return Err(write_err(e)),
+                            Ok(()) if dead => {
+                                s.dead += 1;
+                                metrics::finished(&job.queue, &job.kind, "dead", "deadline");
+                            }
+                            Ok(()) => s.deferred += 1,
+                        }
+                        return Ok(s);
+                    }
+                    Err(e) => {
+                        // The store is unreachable: the breaker cannot be consulted, and the
+                        // attempt could not be recorded either; call (fail open) and let the
+                        // write below retry.
+                        tracing::warn!(dependency = %dep, "reading the dependency failed: {e}");
+                    }
+                }
+            }
+
+            let generation = auth.as_ref().map(|a| a.generation.load(Ordering::SeqCst));
+            let started = clock.now();
+            let t0 = tokio::time::Instant::now();
+            let ctx = JobContext {
+                job_id: job.id,
+                queue: job.queue.clone(),
+                kind: job.kind.clone(),
+                attempt: counters.attempts + 1,
+                key: job.key.clone(),
+                dependency: job.dependency.clone(),
+                lease_token: lease.token,
+                payload: job.payload.clone(),
+                cancel: cancel.clone(),
+            };
+            let span = tracing::info_span!("attempt", job = job.id, kind = %job.kind,
+                attempt = ctx.attempt, class = tracing::field::Empty);
+            let mut attempted = match &handler {
+                None => Attempted::failure(
+                    Outcome::Permanent,
+                    format!("no handler for job kind {:?}", job.kind),
+                ),
+                Some(h) => {
+                    let call = AssertUnwindSafe(h.run(ctx.clone())).catch_unwind();
+                    tokio::select! {
+                        biased;
+                        _ = lost.cancelled() => {
+                            s.lease_lost += 1;
+                            metrics::lease_lost();
+                            tracing::warn!(job = job.id, "lease lost: attempt abandoned");
+                            return Ok(s);
+                        }
+                        _ = self.hard.cancelled() => {
+                            return self.release(job, counters, lost, s).await;
+                        }
+                        r = call => match r {
+                            Ok(a) => a,
+                            Err(p) => Attempted::failure(
+                                Outcome::Exception,
+                                format!("handler panicked: {}", panic_text(&p)),
+                            ),
+                        },
+                    }
+                }
+            };
+            // An ambiguous timeout with no safe repeat: ask the dependency first.
+            if let (Outcome::Timeout { idempotent: false }, Some(h)) =
+                (&attempted.outcome, &handler)
+                && let Some(q) = h.query_status(ctx.clone())
+            {
+                {
+                    match q.await {
+                        StatusAnswer::Succeeded(v) => {
+                            attempted = Attempted {
+                                outcome: Outcome::Success,
+                                result: v,
+                                ..attempted
+                            };
+                        }
+                        StatusAnswer::NotFound => {
+                            attempted.outcome = Outcome::Timeout { idempotent: true };
+                        }
+                        StatusAnswer::Unknown(why) => {
+                            let e = attempted.error.take().unwrap_or_default();
+                            attempted.error = Some(format!("{e}; status query: {why}"));
+                        }
+                    }
+                }
+            }
+            let took = t0.elapsed();
+            let class = attempted.outcome.class();
+            span.record("class", class.as_str());
+            s.attempts += 1;
+            metrics::attempt(&job.queue, &job.kind, class.as_str(), took);
+            if lost.is_cancelled() {
+                s.lease_lost += 1;
+                metrics::lease_lost();
+                return Ok(s);
+            }
+
+            let now = clock.now();
+            let verdict = policy.decide(&counters, &attempted.outcome, now, &mut rng);
+            if let Some(dep) = &job.dependency
+                && let Err(e) = self
+                    .w
+                    .fleet
+                    .record(dep, probe, class, took, verdict.pause_until, now)
+                    .await
+            {
+                tracing::warn!(dependency = %dep, "publishing the breaker/pause failed: {e}");
+            }
+            let (transition, step) = match verdict.action {
+                Action::Done => (
+                    Transition::Succeeded {
+                        result: attempted.result.clone(),
+                    },
+                    Step::Ended,
+                ),
+                Action::RefreshCredentials => (
+                    Transition::RetryInProcess {
+                        delay: Duration::ZERO,
+                    },
+                    Step::Refresh,
+                ),
+                Action::RetryInProcess { delay, .. } => {
+                    (Transition::RetryInProcess { delay }, Step::Again(delay))
+                }
+                Action::Defer {
+                    until,
+                    delay,
+                    reason,
+                    ..
+                } => (
+                    Transition::Deferred {
+                        until,
+                        reason,
+                        delay,
+                    },
+                    Step::Ended,
+                ),
+                Action::Dead { reason } => (Transition::Dead { reason }, Step::Ended),
+            };
+            let c = Completion {
+                lease,
+                attempt: Some(NewAttempt {
+                    worker: Some(b.name.clone()),
+                    started_at: started,
+                    duration: took,
+                    class,
+                    http_status: attempted.http_status,
+                    error: attempted.error.clone(),
+                    counted: verdict.counted,
+                }),
+                counters: verdict.counters,
+                transition: transition.clone(),
+                error: attempted.error.clone(),
+                now,
+            };
+            // The attempt is recorded before any wait.
+            match self.write(c, lost).await {
+                Err(e) if e.is_lease_lost() => {
+                    s.lease_lost += 1;
+                    metrics::lease_lost();
+                    return Ok(s);
+                }
+                Err(e) => return Err(write_err(e)),
+                Ok(()) => {}
+            }
+            counters = verdict.counters;
+            match (&transition, step) {
+                (_, Step::Refresh) => {
+                    if let (Some(a), Some(h), Some(g)) = (&auth, &handler, generation) {
+                        let _one = a.lock.lock().await;
+                        // Someone refreshed since this call started: use theirs.
+                        if a.generation.load(Ordering::SeqCst) == g {
+                            if let Err(e) = h.refresh_credentials().await {
+                                tracing::warn!(kind = %job.kind, "refreshing credentials failed: {e}");
+                            }
+                            a.generation.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                }
+                (_, Step::Again(delay)) => {
+                    metrics::delay("retry", delay);
+                    tokio::select! {
+                        biased;
+                        _ = lost.cancelled() => {
+                            s.lease_lost += 1;
+                            metrics::lease_lost();
+                            return Ok(s);
+                        }
+                        _ = self.stop.cancelled() => {
+                            // Shutting down: hand the job back for its planned time.
+                            let until = now + chrono::Duration::from_std(delay).unwrap_or_default();
+                            let c = Completion {
+                                lease,
+                                attempt: None,
+                                counters,
+                                transition: Transition::Deferred {
+                                    until,
+                                    reason: DeferReason::Released,
+                                    delay,
+                                },
+                                error: None,
+                                now: clock.now(),
+                            };
+                            match self.write(c, lost).await {
+                                Err(e) if e.is_lease_lost() => s.lease_lost += 1,
+                                Err(e) => return Err(write_err(e)),
+                                Ok(()) => s.released += 1,
+                            }
+                            return Ok(s);
+                        }
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                }
+                (Transition::Succeeded { .. }, Step::Ended) => {
+                    s.succeeded += 1;
+                    metrics::finished(&job.queue, &job.kind, "succeeded", "");
+                    return Ok(s);
+                }
+                (Transition::Dead { reason }, Step::Ended) => {
+                    s.dead += 1;
+                    metrics::finished(&job.queue, &job.kind, "dead", reason.as_str());
+                    tracing::warn!(job = job.id, reason = reason.as_str(), "job dead");
+                    return Ok(s);
+                }
+                (Transition::Deferred { delay, .. }, Step::Ended) => {
+                    s.deferred += 1;
+                    metrics::delay("defer", *delay);
+                    return Ok(s);
+                }
+                (_, Step::Ended) => return Ok(s),
+            }
+        }
+    }
+
+    /// Hands an interrupted job back (its attempt not counted).
+    async fn release(
+        &self,
+        job: &Job,
+        counters: redrive_policy::JobCounters,
+        lost: &CancellationToken,
+        mut s: Summary,
+    ) -> Result<Summary, RuntimeError> {
+        let c = Completion {
+            lease: job.lease(),
+            attempt: None,
+            counters,
+            transition: Transition::Released,
+            error: None,
+            now: self.w.b.clock.now(),
+        };
+        match self.write(c, lost).await {
+            Err(e) if e.is_lease_lost() => s.lease_lost += 1,
+            Err(e) => {
+                return Err(RuntimeError::Write {
+                    job: job.id,
+                    detail: e.to_string(),
+                });
+            }
+            Ok(()) => s.released += 1,
+        }
+        Ok(s)
+    }
+
+    fn spawn_heartbeat(&self, job: &Job, lost: CancellationToken) -> tokio::task::JoinHandle<()> {
+        let b = &self.w.b;
+        let db = self.w.db.clone();
+        let clock = b.clock.clone();
+        let lease = job.lease();
+        let len = b.lease;
+        let every = b.heartbeat.unwrap_or(len / 3).min(len / 2);
+        let mut until: Timestamp = job
+            .lease_expires_at
+            .unwrap_or_else(|| clock.now() + chrono::Duration::from_std(len).unwrap_or_default());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let now = clock.now();
+                match db
+                    .run(move |s| async move { s.heartbeat(lease, len, now).await })
+                    .await
+                {
+                    Ok(t) => until = t,
+                    Err(e) if e.is_lease_lost() => {
+                        lost.cancel();
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!("heartbeat for job {} failed: {e}", lease.job_id);
+                        // The store is unreachable: stop the handler before the lease runs out.
+                        if clock.now() + chrono::Duration::from_std(every).unwrap_or_default()
+                            >= until
+                        {
+                            lost.cancel();
+                            return;
+                        }
+                    }
+                }
+            }
+        })
+    }
+}
+
+fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-text panic".into())
+}

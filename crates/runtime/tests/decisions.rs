@@ -1,0 +1,652 @@
+//! Every row of DESIGN.md's decision table, run through the real executor against a real
+//! SQLite store, with tokio's paused clock (the worker's clock follows it), so that every
+//! delay is exact and no test waits in real time.
+//!
+//! The store lives on its own runtime and is called from blocking threads
+//! (`WorkerBuilder::store_runtime`), which keeps the paused clock from jumping while SQLite
+//! answers.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use redrive_policy::{
+    BreakerConfig, BreakerState, Jitter, Outcome, PolicySet, RetryPolicy, Window,
+};
+use redrive_runtime::{Attempted, Handler, JobContext, StatusAnswer, TokioClock, Worker};
+use redrive_store::{Clock, JobId, JobState, NewJob, Store};
+use serde_json::json;
+
+static DB_RT: std::sync::LazyLock<tokio::runtime::Runtime> = std::sync::LazyLock::new(|| {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+});
+
+/// Runs a store call on the store's runtime.
+async fn on_db<T, Fut>(f: impl FnOnce() -> Fut + Send + 'static) -> T
+where
+    T: Send + 'static,
+    Fut: std::future::Future<Output = T> + Send + 'static,
+{
+    tokio::task::spawn_blocking(move || DB_RT.block_on(f()))
+        .await
+        .unwrap()
+}
+
+struct Env {
+    store: Store,
+    clock: Arc<TokioClock>,
+    _dir: tempfile::TempDir,
+}
+
+async fn env() -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("q.db").display());
+    let store = on_db(move || async move { Store::connect(&url).await.unwrap() }).await;
+    Env {
+        store,
+        clock: Arc::new(TokioClock::new()),
+        _dir: dir,
+    }
+}
+
+impl Env {
+    /// A store call on the store's runtime.
+    async fn db<T, Fut>(&self, f: impl FnOnce(Store) -> Fut + Send + 'static) -> T
+    where
+        T: Send + 'static,
+        Fut: std::future::Future<Output = T> + Send + 'static,
+    {
+        let s = self.store.clone();
+        on_db(move || f(s)).await
+    }
+    async fn enqueue(&self, job: NewJob) -> JobId {
+        let now = self.clock.now();
+        self.db(move |s| async move { s.enqueue(&job, now).await.unwrap().job.id })
+            .await
+    }
+    async fn get(&self, id: JobId) -> redrive_store::Job {
+        self.db(move |s| async move { s.get(id).await.unwrap().unwrap() })
+            .await
+    }
+    async fn attempts(&self, id: JobId) -> Vec<redrive_store::Attempt> {
+        self.db(move |s| async move { s.attempts(id).await.unwrap() })
+            .await
+    }
+    async fn dependency(&self, name: &'static str) -> redrive_store::Dependency {
+        self.db(move |s| async move { s.dependency(name).await.unwrap().unwrap() })
+            .await
+    }
+    async fn events(&self) -> Vec<redrive_store::DependencyEvent> {
+        self.db(|s| async move { s.dependency_events(Some("psp"), 10).await.unwrap() })
+            .await
+    }
+    async fn count(&self, state: JobState) -> u64 {
+        self.db(move |s| async move {
+            s.counts()
+                .await
+                .unwrap()
+                .into_iter()
+                .filter(|c| c.state == state)
+                .map(|c| c.count)
+                .sum()
+        })
+        .await
+    }
+    fn worker(&self, kind: &str, h: Arc<dyn Handler>) -> redrive_runtime::WorkerBuilder {
+        Worker::builder(self.store.clone(), vec!["q".into()])
+            .handler(kind, h)
+            .clock(self.clock.clone())
+            .gauge_interval(None)
+            .store_runtime(DB_RT.handle().clone())
+            .seed(11)
+    }
+}
+
+/// Answers each call with the next outcome of a script (the last one repeats); counts calls.
+#[derive(Debug)]
+struct Script {
+    steps: Vec<Attempted>,
+    calls: AtomicU32,
+    refreshes: AtomicU32,
+    status: Option<StatusAnswer>,
+}
+
+fn script(steps: Vec<Attempted>) -> Arc<Script> {
+    Arc::new(Script {
+        steps,
+        calls: AtomicU32::new(0),
+        refreshes: AtomicU32::new(0),
+        status: None,
+    })
+}
+
+impl Handler for Script {
+    fn run(&self, _ctx: JobContext) -> BoxFuture<'static, Attempted> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) as usize;
+        let a = self.steps[n.min(self.steps.len() - 1)].clone();
+        Box::pin(async move {
+            if a.error.as_deref() == Some("panic") {
+                panic!("handler bug");
+            }
+            a
+        })
+    }
+    fn refresh_credentials(&self) -> BoxFuture<'static, Result<(), String>> {
+        self.refreshes.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async { Ok(()) })
+    }
+    fn query_status(&self, _ctx: JobContext) -> Option<BoxFuture<'static, StatusAnswer>> {
+        let s = self.status.clone()?;
+        Some(Box::pin(async move { s }))
+    }
+}
+
+fn ok() -> Attempted {
+    Attempted::success(json!({"charge": "ch_1"}))
+}
+fn fail(o: Outcome, status: u16) -> Attempted {
+    Attempted::failure(o, format!("status {status}")).with_status(status)
+}
+fn rate_limited(secs: u64) -> Attempted {
+    fail(
+        Outcome::RateLimited {
+            retry_after: Some(Duration::from_secs(secs)),
+        },
+        429,
+    )
+}
+fn infra() -> Attempted {
+    fail(Outcome::Infrastructure { retry_after: None }, 503)
+}
+
+#[tokio::test(start_paused = true)]
+async fn success_stores_the_result() {
+    let e = env().await;
+    let id = e.enqueue(NewJob::new("q", "k", json!({}))).await;
+    let h = script(vec![ok()]);
+    let s = e
+        .worker("k", h.clone())
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!((s.succeeded, s.attempts), (1, 1));
+    let j = e.get(id).await;
+    assert_eq!(j.state, JobState::Succeeded);
+    assert_eq!(j.result, Some(json!({"charge": "ch_1"})));
+}
+
+#[tokio::test(start_paused = true)]
+async fn permanent_is_dead_at_once() {
+    let e = env().await;
+    let id = e.enqueue(NewJob::new("q", "k", json!({}))).await;
+    let h = script(vec![fail(Outcome::Permanent, 422)]);
+    let s = e
+        .worker("k", h.clone())
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!((s.dead, s.attempts), (1, 1));
+    let j = e.get(id).await;
+    assert_eq!(
+        (j.state, j.dead_reason.as_deref()),
+        (JobState::Dead, Some("permanent"))
+    );
+    let a = e.attempts(id).await;
+    assert_eq!((a.len(), a[0].http_status), (1, Some(422)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_first_401_refreshes_and_calls_again_without_using_an_attempt() {
+    let e = env().await;
+    let id = e.enqueue(NewJob::new("q", "k", json!({}))).await;
+    let h = script(vec![fail(Outcome::Auth, 401), ok()]);
+    let t0 = e.clock.now();
+    let s = e
+        .worker("k", h.clone())
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!((s.succeeded, s.attempts), (1, 2));
+    assert_eq!(h.refreshes.load(Ordering::SeqCst), 1);
+    assert_eq!(e.clock.now(), t0, "called again at once");
+    let j = e.get(id).await;
+    assert_eq!(j.attempts, 1, "the 401 did not count");
+    let a = e.attempts(id).await;
+    assert_eq!(
+        a.iter().map(|a| a.counted).collect::<Vec<_>>(),
+        [false, true]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_second_401_in_a_row_is_final() {
+    let e = env().await;
+    let id = e.enqueue(NewJob::new("q", "k", json!({}))).await;
+    let h = script(vec![fail(Outcome::Auth, 401)]);
+    let s = e
+        .worker("k", h.clone())
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!((s.dead, s.attempts), (1, 2));
+    assert_eq!(h.refreshes.load(Ordering::SeqCst), 1);
+    let j = e.get(id).await;
+    assert_eq!(j.dead_reason.as_deref(), Some("auth"));
+}
+
+/// 401 until the credentials were refreshed; each call takes 10 ms, so all jobs are in flight
+/// with the old credentials at once.
+#[derive(Debug, Default)]
+struct Creds {
+    version: AtomicU32,
+    refreshes: AtomicU32,
+}
+impl Handler for Creds {
+    fn run(&self, _ctx: JobContext) -> BoxFuture<'static, Attempted> {
+        let seen = self.version.load(Ordering::SeqCst);
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            if seen == 0 {
+                fail(Outcome::Auth, 401)
+            } else {
+                ok()
+            }
+        })
+    }
+    fn refresh_credentials(&self) -> BoxFuture<'static, Result<(), String>> {
+        self.refreshes.fetch_add(1, Ordering::SeqCst);
+        self.version.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            Ok(())
+        })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_refresh_is_shared_by_every_job_that_hit_the_same_401() {
+    let e = env().await;
+    for i in 0..10 {
+        e.enqueue(NewJob::new("q", "k", json!({})).key(format!("k{i}")))
+            .await;
+    }
+    let h = Arc::new(Creds::default());
+    let s = e
+        .worker("k", h.clone())
+        .concurrency(10)
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!((s.succeeded, s.attempts), (10, 20));
+    assert_eq!(h.refreshes.load(Ordering::SeqCst), 1, "one refresh for all");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rate_limit_with_retry_after_45s_defers_instead_of_sleeping_and_pauses_the_dependency() {
+    let e = env().await;
+    let id = e
+        .enqueue(NewJob::new("q", "k", json!({})).dependency("psp"))
+        .await;
+    let h = script(vec![rate_limited(45)]);
+    let t0 = e.clock.now();
+    let s = e
+        .worker("k", h.clone())
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!((s.deferred, s.attempts), (1, 1));
+    assert!(
+        e.clock.now() - t0 < chrono::Duration::seconds(1),
+        "no sleep"
+    );
+    let j = e.get(id).await;
+    assert_eq!(
+        (j.state, j.defer_reason.as_deref()),
+        (JobState::Deferred, Some("rate_limited"))
+    );
+    let ms = (j.run_at - t0).num_milliseconds();
+    assert!((44_999..=45_050).contains(&ms), "{ms}");
+    let a = e.attempts(id).await;
+    assert_eq!(
+        (a[0].delay_ms, a[0].mode.as_deref()),
+        (Some(45_000), Some("defer"))
+    );
+    let dep = e.dependency("psp").await;
+    let ms = (dep.paused_until.unwrap() - t0).num_milliseconds();
+    assert!((44_999..=45_050).contains(&ms), "{ms}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_of_2s_retries_in_process_after_exactly_that() {
+    let e = env().await;
+    let id = e
+        .enqueue(NewJob::new("q", "k", json!({})).dependency("psp"))
+        .await;
+    let h = script(vec![rate_limited(2), ok()]);
+    let s = e
+        .worker("k", h.clone())
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!((s.succeeded, s.attempts), (1, 2));
+    let a = e.attempts(id).await;
+    assert_eq!(
+        (a[0].delay_ms, a[0].mode.as_deref()),
+        (Some(2_000), Some("retry"))
+    );
+    let gap = a[1].started_at - a[0].started_at;
+    assert!(gap >= chrono::Duration::seconds(2), "{gap}");
+    assert!(gap < chrono::Duration::milliseconds(2_100), "{gap}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn infrastructure_failures_back_off_then_exhaust_the_attempts() {
+    let e = env().await;
+    let id = e.enqueue(NewJob::new("q", "k", json!({}))).await;
+    let policy = RetryPolicy::builder("t")
+        .with_max_attempts(3)
+        .with_jitter(Jitter::None)
+        .build()
+        .unwrap();
+    let h = script(vec![infra()]);
+    let s = e
+        .worker("k", h.clone())
+        .kind_policy("k", policy)
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!((s.dead, s.attempts), (1, 3));
+    let j = e.get(id).await;
+    assert_eq!(j.dead_reason.as_deref(), Some("attempts_exhausted"));
+    let delays: Vec<_> = e.attempts(id).await.iter().map(|a| a.delay_ms).collect();
+    let base = redrive_policy::DEFAULT_BASE.as_millis() as u64;
+    assert_eq!(
+        delays,
+        [Some(base), Some(2 * base), None],
+        "base, doubling, no jitter"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_ambiguous_timeout_with_a_key_is_repeated_with_the_same_key() {
+    let e = env().await;
+    let id = e
+        .enqueue(NewJob::new("q", "k", json!({})).key("order-9"))
+        .await;
+    let h = script(vec![fail(Outcome::Timeout { idempotent: true }, 0), ok()]);
+    let s = e
+        .worker("k", h.clone())
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!((s.succeeded, s.attempts), (1, 2));
+    assert_eq!(e.attempts(id).await[0].class, "timeout".to_string());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_ambiguous_timeout_without_a_key_or_hook_is_dead_ambiguous() {
+    let e = env().await;
+    let id = e.enqueue(NewJob::new("q", "k", json!({}))).await;
+    let h = script(vec![fail(Outcome::Timeout { idempotent: false }, 0), ok()]);
+    let s = e
+        .worker("k", h.clone())
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!((s.dead, s.attempts), (1, 1));
+    let j = e.get(id).await;
+    assert_eq!(j.dead_reason.as_deref(), Some("ambiguous"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_status_query_settles_an_ambiguous_timeout() {
+    // The PSP says the charge went through: success, no second call.
+    let e = env().await;
+    let a = e.enqueue(NewJob::new("q", "k", json!({}))).await;
+    let mut h = script(vec![fail(Outcome::Timeout { idempotent: false }, 0), ok()]);
+    Arc::get_mut(&mut h).unwrap().status = Some(StatusAnswer::Succeeded(json!({"found": true})));
+    let s = e
+        .worker("k", h.clone())
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!((s.succeeded, s.attempts), (1, 1));
+    assert_eq!(h.calls.load(Ordering::SeqCst), 1);
+    let j = e.get(a).await;
+    assert_eq!(j.result, Some(json!({"found": true})));
+
+    // The PSP never saw it: calling again is safe.
+    let e = env().await;
+    e.enqueue(NewJob::new("q", "k", json!({}))).await;
+    let mut h = script(vec![fail(Outcome::Timeout { idempotent: false }, 0), ok()]);
+    Arc::get_mut(&mut h).unwrap().status = Some(StatusAnswer::NotFound);
+    let s = e
+        .worker("k", h.clone())
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!((s.succeeded, s.attempts), (1, 2));
+
+    // The PSP cannot tell: dead, ambiguous.
+    let e = env().await;
+    let c = e.enqueue(NewJob::new("q", "k", json!({}))).await;
+    let mut h = script(vec![fail(Outcome::Timeout { idempotent: false }, 0), ok()]);
+    Arc::get_mut(&mut h).unwrap().status = Some(StatusAnswer::Unknown("psp 500".into()));
+    let s = e
+        .worker("k", h.clone())
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!((s.dead, s.attempts), (1, 1));
+    let j = e.get(c).await;
+    assert_eq!(j.dead_reason.as_deref(), Some("ambiguous"));
+    assert!(j.last_error.unwrap().contains("psp 500"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panic_counts_as_an_exception_and_max_exceptions_ends_the_job() {
+    let e = env().await;
+    let id = e.enqueue(NewJob::new("q", "k", json!({}))).await;
+    let policy = RetryPolicy::builder("t")
+        .with_max_attempts(10)
+        .with_max_exceptions(2)
+        .build()
+        .unwrap();
+    let h = script(vec![Attempted::failure(Outcome::Exception, "panic")]);
+    let s = e
+        .worker("k", h.clone())
+        .kind_policy("k", policy)
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!((s.dead, s.attempts), (1, 2));
+    let j = e.get(id).await;
+    assert_eq!(j.dead_reason.as_deref(), Some("exceptions_exhausted"));
+    assert_eq!(j.exceptions, 2);
+    let a = e.attempts(id).await;
+    assert!(a[0].error.as_deref().unwrap().contains("handler bug"));
+    assert_eq!(a[0].class, "exception");
+}
+
+fn breaker_policies(min_calls: u32) -> PolicySet {
+    let mut set = PolicySet::builtin();
+    set.insert_breaker(
+        "psp",
+        BreakerConfig::builder()
+            .with_window(Window::Count { size: 10 })
+            .with_minimum_calls(min_calls)
+            .with_failure_rate(0.5)
+            .with_open_cooldown(Duration::from_secs(30))
+            .with_half_open_probes(1)
+            .build()
+            .unwrap(),
+    );
+    set
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_open_breaker_defers_without_an_attempt_and_its_jobs_are_not_claimed() {
+    let e = env().await;
+    let first = e
+        .enqueue(NewJob::new("q", "k", json!({})).dependency("psp"))
+        .await;
+    for _ in 0..4 {
+        e.enqueue(NewJob::new("q", "k", json!({})).dependency("psp"))
+            .await;
+    }
+    let h = script(vec![infra()]);
+    let t0 = e.clock.now();
+    let s = e
+        .worker("k", h.clone())
+        .policies(breaker_policies(2))
+        .concurrency(1)
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    // Two failures open the breaker; the first job's next try is blocked (not an attempt),
+    // and the other four are not even claimed.
+    assert_eq!(s.attempts, 2, "{s:?}");
+    assert_eq!(s.deferred, 1, "{s:?}");
+    let dep = e.dependency("psp").await;
+    assert_eq!(dep.state, "open");
+    let until = dep.open_until.unwrap();
+    let j = e.get(first).await;
+    assert_eq!(
+        (j.state, j.defer_reason.as_deref(), j.attempts),
+        (JobState::Deferred, Some("breaker_open"), 2)
+    );
+    assert!(j.run_at >= until, "deferred to the probe time");
+    let available = e.count(JobState::Available).await;
+    assert_eq!(available, 4);
+    let events = e.events().await;
+    assert_eq!(
+        (events[0].from.as_str(), events[0].to.as_str()),
+        ("closed", "open")
+    );
+    assert!(until > t0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_the_cool_down_one_probe_closes_the_breaker_for_everyone() {
+    let e = env().await;
+    for _ in 0..3 {
+        e.enqueue(NewJob::new("q", "k", json!({})).dependency("psp"))
+            .await;
+    }
+    // Open it by hand, cool-down already over.
+    let u = redrive_store::BreakerUpdate {
+        dependency: "psp".into(),
+        expect: None,
+        state: "open".into(),
+        open_until: Some(e.clock.now()),
+        probe_permits: 0,
+        reason: "test".into(),
+        now: e.clock.now(),
+    };
+    e.db(move |s| async move { s.set_breaker(&u).await.unwrap() })
+        .await;
+    let h = script(vec![ok()]);
+    let s = e
+        .worker("k", h.clone())
+        .policies(breaker_policies(2))
+        .concurrency(1)
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!((s.succeeded, s.attempts), (3, 3));
+    let dep = e.dependency("psp").await;
+    assert_eq!(dep.state, BreakerState::Closed.as_str());
+    let ev: Vec<_> = e
+        .events()
+        .await
+        .into_iter()
+        .map(|e| format!("{}>{}", e.from, e.to))
+        .collect();
+    assert_eq!(ev, ["half_open>closed", "open>half_open", "closed>open"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pause_seen_by_one_job_blocks_the_others_and_a_blocked_job_past_its_deadline_dies() {
+    let e = env().await;
+    // "b" fails once (503) and would retry in process after 100 ms; meanwhile "a" gets a 429
+    // with Retry-After 300 s, which pauses the dependency for everyone. b's deadline (10 s)
+    // comes before the pause ends: b dies with reason deadline, without another attempt.
+    let a = e
+        .enqueue(NewJob::new("q", "a", json!({})).dependency("psp"))
+        .await;
+    let b = e
+        .enqueue(
+            NewJob::new("q", "b", json!({}))
+                .dependency("psp")
+                .ttl(Duration::from_secs(10)),
+        )
+        .await;
+    #[derive(Debug)]
+    struct Slow429;
+    impl Handler for Slow429 {
+        fn run(&self, _: JobContext) -> BoxFuture<'static, Attempted> {
+            Box::pin(async {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                rate_limited(300)
+            })
+        }
+    }
+    let fixed = RetryPolicy::builder("fixed")
+        .with_jitter(Jitter::None)
+        .build()
+        .unwrap();
+    let hb = script(vec![infra(), ok()]);
+    let s = e
+        .worker("a", Arc::new(Slow429))
+        .handler("b", hb.clone())
+        .kind_policy("b", fixed)
+        .concurrency(2)
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!(
+        hb.calls.load(Ordering::SeqCst),
+        1,
+        "b was not called while paused"
+    );
+    assert_eq!((s.attempts, s.deferred, s.dead), (2, 1, 1), "{s:?}");
+    let ja = e.get(a).await;
+    assert_eq!(ja.defer_reason.as_deref(), Some("rate_limited"));
+    let jb = e.get(b).await;
+    assert_eq!(
+        (jb.state, jb.dead_reason.as_deref(), jb.attempts),
+        (JobState::Dead, Some("deadline"), 1)
+    );
+    // While paused, nothing of that dependency is claimed.
+    e.enqueue(NewJob::new("q", "b", json!({})).dependency("psp"))
+        .await;
+    let s = e
+        .worker("b", hb.clone())
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!(s.finished(), 0);
+}
