@@ -156,6 +156,12 @@ pub(crate) struct WorkArgs {
     /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9090).
     #[arg(long = "metrics-addr")]
     pub(crate) metrics_addr: Option<std::net::SocketAddr>,
+    /// After SIGINT/SIGTERM, how long running attempts may take to finish.
+    #[arg(long = "shutdown-grace", default_value = "30s", value_parser = parse_duration)]
+    pub(crate) shutdown_grace: std::time::Duration,
+    /// Lease length (heartbeats every third of it).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub(crate) lease: std::time::Duration,
 }
 
 /// `redrive jobs`.

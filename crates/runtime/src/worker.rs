@@ -267,7 +267,8 @@ struct Run {
 }
 
 impl Worker {
-    /// A builder for a worker on `queues`.
+    /// A builder for a worker on `queues` (empty: every queue in the store, looked up again
+    /// every few seconds).
     pub fn builder(store: Store, queues: Vec<String>) -> WorkerBuilder {
         WorkerBuilder {
             store,
@@ -335,6 +336,8 @@ impl Worker {
         let mut last_gauges: Option<tokio::time::Instant> = None;
         let mut last_maintain: Option<tokio::time::Instant> = None;
         let batch = b.claim_batch.unwrap_or(200);
+        let all_queues = b.queues.is_empty();
+        let mut queues = b.queues.clone();
 
         loop {
             while let Some(r) = tasks.try_join_next() {
@@ -360,13 +363,36 @@ impl Worker {
             {
                 tracing::warn!("dependency housekeeping failed: {e}");
             }
-            if let Some(every) = b.gauges_every
-                && due(&mut last_gauges, every)
-                && let Err(e) =
-                    w.db.run(|s| async move { metrics::publish_counts(&s).await })
-                        .await
-            {
-                tracing::warn!("reading queue counts failed: {e}");
+            // The gauges, and in all-queues mode the list of queues, from the store's counts.
+            let every = b.gauges_every.unwrap_or(Duration::from_secs(5));
+            if (b.gauges_every.is_some() || all_queues) && due(&mut last_gauges, every) {
+                let publish = b.gauges_every.is_some();
+                let counts =
+                    w.db.run(move |s| async move {
+                        if publish {
+                            metrics::publish_counts(&s).await
+                        } else {
+                            s.counts().await
+                        }
+                    })
+                    .await;
+                match counts {
+                    Ok(c) if all_queues => {
+                        queues = c.into_iter().map(|c| c.queue).collect();
+                        queues.sort();
+                        queues.dedup();
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!("reading queue counts failed: {e}"),
+                }
+            }
+            if queues.is_empty() {
+                // All-queues mode and no queue exists yet.
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = wake.changed() => { last_gauges = None; continue }
+                    _ = tokio::time::sleep(b.poll) => { if until_idle { break } continue }
+                }
             }
 
             let first = tokio::select! {
@@ -384,7 +410,7 @@ impl Worker {
             }
             wake.borrow_and_update();
             let p = ClaimParams {
-                queues: b.queues.clone(),
+                queues: queues.clone(),
                 worker: b.name.clone(),
                 limit: permits.len() as u32,
                 lease: b.lease,
@@ -406,7 +432,7 @@ impl Worker {
                 if until_idle && tasks.is_empty() {
                     break;
                 }
-                let q = b.queues.clone();
+                let q = queues.clone();
                 let wait = match w.db.run(move |s| async move { s.next_due(&q).await }).await {
                     Ok(Some(t)) => (t - b.clock.now()).to_std().unwrap_or(Duration::ZERO),
                     _ => b.poll,

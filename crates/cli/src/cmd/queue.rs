@@ -227,7 +227,9 @@ fn truncate(s: &str, n: usize) -> String {
 pub(crate) fn show(global: &Global, a: ShowArgs) -> anyhow::Result<ExitCode> {
     block_on(async move {
         let store = open(global).await?;
-        let job = store.get(a.id).await?.ok_or(StoreError::NotFound(a.id))?;
+        let mut job = store.get(a.id).await?.ok_or(StoreError::NotFound(a.id))?;
+        // Secret headers (Authorization, cookies, API keys) never reach the screen.
+        job.payload = redrive_http::redact_payload(&job.payload);
         let attempts = store.attempts(a.id).await?;
         if a.json {
             println!(

@@ -1,11 +1,17 @@
-//! `redrive work`: run workers over the queues (built-in kinds: `noop`; `http` comes with
-//! the HTTP job kind).
+//! `redrive work`: run workers over the queues, with the built-in kinds `noop` and `http`.
+//!
+//! SIGINT or SIGTERM starts a graceful shutdown: no more claims, running attempts get the
+//! grace period to finish, jobs waiting to retry are handed back for their planned time, and
+//! whatever still runs after the grace period is interrupted and released (the attempt not
+//! counted). A second signal exits at once; the leases then expire and are rescued.
 
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
+use anyhow::Context;
+use redrive_http::HttpJob;
 use redrive_runtime::{Noop, Summary, Worker};
+use tokio_util::sync::CancellationToken;
 
 use crate::args::{Global, WorkArgs};
 use crate::cmd::queue::{block_on, open};
@@ -14,53 +20,56 @@ use crate::policies;
 pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
     let set = policies::load(global)?;
     block_on(async move {
-        let store = open(global).await?;
-        let mut total = Summary::default();
-        let mut rx = store.subscribe();
-        loop {
-            let queues = if a.queues.is_empty() {
-                let mut q: Vec<String> =
-                    store.counts().await?.into_iter().map(|c| c.queue).collect();
-                q.dedup();
-                q
-            } else {
-                a.queues.clone()
-            };
-            rx.borrow_and_update();
-            let left = a.max_jobs.map(|m| m.saturating_sub(total.finished()));
-            if left == Some(0) {
-                break;
-            }
-            let s = Worker::builder(store.clone(), queues.clone())
-                .handler("noop", Arc::new(Noop))
-                .policies(set.clone())
-                .concurrency(a.concurrency as usize)
-                .max_jobs(left)
-                .build()
-                .run_until_idle()
-                .await?;
-            total.add(s);
-            if a.until_idle {
-                break;
-            }
-            // Idle: sleep until woken, until the next job is due, or a second at most.
-            let wait = match store.next_due(&queues).await? {
-                Some(t) => (t - chrono::Utc::now())
-                    .to_std()
-                    .unwrap_or(Duration::from_millis(20)),
-                None => Duration::from_secs(1),
-            }
-            .clamp(Duration::from_millis(5), Duration::from_secs(1));
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                _ = rx.changed() => {}
-                _ = tokio::signal::ctrl_c() => break,
-            }
+        if let Some(addr) = a.metrics_addr {
+            metrics_exporter_prometheus::PrometheusBuilder::new()
+                .with_http_listener(addr)
+                .install()
+                .with_context(|| format!("serving metrics on {addr}"))?;
+            eprintln!("metrics on http://{addr}/metrics");
         }
+        let store = open(global).await?;
+        let worker = Worker::builder(store, a.queues.clone())
+            .handler("noop", Arc::new(Noop))
+            .handler("http", Arc::new(HttpJob::default()))
+            .policies(set)
+            .concurrency(a.concurrency as usize)
+            .shutdown_grace(a.shutdown_grace)
+            .lease(a.lease)
+            .max_jobs(a.max_jobs)
+            .build();
+        let total: Summary = if a.until_idle {
+            worker.run_until_idle().await?
+        } else {
+            let stop = CancellationToken::new();
+            tokio::spawn(signals(stop.clone()));
+            worker.run(stop).await?
+        };
         println!(
-            "succeeded {}, dead {}, deferred {}, lease lost {}, attempts {}",
-            total.succeeded, total.dead, total.deferred, total.lease_lost, total.attempts
+            "succeeded {}, dead {}, deferred {}, released {}, lease lost {}, attempts {}",
+            total.succeeded,
+            total.dead,
+            total.deferred,
+            total.released,
+            total.lease_lost,
+            total.attempts
         );
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// First SIGINT/SIGTERM: graceful shutdown. Second: exit now.
+async fn signals(stop: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return;
+    };
+    tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+    eprintln!("shutting down: finishing running jobs (signal again to exit at once)");
+    stop.cancel();
+    tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+    eprintln!("exiting at once; leases will expire and be rescued");
+    std::process::exit(130);
 }
