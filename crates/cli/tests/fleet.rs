@@ -1,0 +1,252 @@
+//! The fleet: two `redrive work` processes against one PostgreSQL schema, calling one fake
+//! dependency on 127.0.0.1 over real HTTP.
+//! - While the dependency is down, the breaker opens (in the store) and neither process
+//!   calls it until the probe time; while half-open the whole fleet sends at most the probe
+//!   limit; then every job succeeds.
+//! - A `Retry-After` answered to one process delays the other's calls too.
+//!
+//! Uses `REDRIVE_TEST_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`); fails,
+//! not skips, when `CI=true` and the server is unreachable.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use redrive_store::{JobState, NewJob, PgStore, Store};
+use serde_json::json;
+
+const POLICIES: &str = r#"
+[breaker.default]
+window_calls = 10
+minimum_calls = 4
+failure_rate = 0.5
+open_cooldown = "2s"
+cooldown_jitter = 0.0
+half_open_probes = 2
+"#;
+
+fn block<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+/// A fresh schema; `None` (skip) only when PostgreSQL is unreachable and CI is not set.
+fn schema() -> Option<(PgStore, String)> {
+    let url = std::env::var("REDRIVE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let name = format!(
+        "rdfleet_{}_{}",
+        std::process::id(),
+        Utc::now().timestamp_micros() % 1_000_000
+    );
+    match block(PgStore::connect(&url, Some(&name), 4)) {
+        Ok(pg) => {
+            let sep = if url.contains('?') { '&' } else { '?' };
+            Some((pg, format!("{url}{sep}schema={name}")))
+        }
+        Err(e) => {
+            if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+                panic!("PostgreSQL at {url} is unreachable and CI=true: {e}");
+            }
+            eprintln!("skipping: PostgreSQL at {url} is unreachable: {e}");
+            None
+        }
+    }
+}
+
+/// The fake dependency: 503 while `down`, one 429 with `Retry-After: 2` if `rate_limit_once`,
+/// else 200; every request's arrival time and status is kept.
+#[derive(Default)]
+struct Dep {
+    down: AtomicBool,
+    rate_limit_once: AtomicBool,
+    limited: AtomicU32,
+    log: Mutex<Vec<(DateTime<Utc>, u16)>>,
+}
+
+fn serve(dep: Arc<Dep>) -> (String, tokio::runtime::Runtime) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let addr = rt.block_on(async move {
+        let app = axum::Router::new().route(
+            "/charge",
+            axum::routing::post(move || {
+                let dep = dep.clone();
+                async move {
+                    let status = if dep.down.load(Ordering::SeqCst) {
+                        503
+                    } else if dep.rate_limit_once.swap(false, Ordering::SeqCst) {
+                        dep.limited.fetch_add(1, Ordering::SeqCst);
+                        429
+                    } else {
+                        200
+                    };
+                    dep.log.lock().unwrap().push((Utc::now(), status));
+                    let code = axum::http::StatusCode::from_u16(status).unwrap();
+                    let mut r = axum::response::Response::new(axum::body::Body::from("{}"));
+                    *r.status_mut() = code;
+                    if status == 429 {
+                        r.headers_mut()
+                            .insert("retry-after", axum::http::HeaderValue::from_static("2"));
+                    }
+                    r
+                }
+            }),
+        );
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+        addr
+    });
+    (format!("http://{addr}/charge"), rt)
+}
+
+fn enqueue(pg: &PgStore, url: &str, n: usize) {
+    let jobs: Vec<NewJob> = (0..n)
+        .map(|i| {
+            NewJob::new("pay", "http", json!({"method": "POST", "url": url}))
+                .key(format!("order-{i}"))
+                .dependency("psp")
+        })
+        .collect();
+    block(Store::Postgres(pg.clone()).enqueue_many(&jobs, Utc::now())).unwrap();
+}
+
+fn worker(db: &str, policies: &std::path::Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_redrive"))
+        .args(["--db", db, "--policies"])
+        .arg(policies)
+        .args([
+            "work",
+            "--queue",
+            "pay",
+            "--concurrency",
+            "4",
+            "--shutdown-grace",
+            "1s",
+        ])
+        .env_remove("REDRIVE_DATABASE_URL")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn all_succeeded(pg: &PgStore, n: u64, limit: Duration) {
+    let store = Store::Postgres(pg.clone());
+    let t = Instant::now();
+    loop {
+        let done: u64 = block(store.counts())
+            .unwrap()
+            .into_iter()
+            .filter(|c| c.state == JobState::Succeeded)
+            .map(|c| c.count)
+            .sum();
+        if done == n {
+            return;
+        }
+        assert!(t.elapsed() < limit, "only {done} of {n} jobs succeeded");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn stop(mut children: Vec<Child>) {
+    for c in &children {
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
+    }
+    for c in &mut children {
+        c.wait().unwrap();
+    }
+}
+
+#[test]
+fn two_processes_share_one_breaker_and_the_probe_limit() {
+    let Some((pg, db)) = schema() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let policies = dir.path().join("p.toml");
+    std::fs::write(&policies, POLICIES).unwrap();
+    let dep = Arc::new(Dep::default());
+    dep.down.store(true, Ordering::SeqCst);
+    let (url, _rt) = serve(dep.clone());
+    enqueue(&pg, &url, 40);
+    let workers = vec![worker(&db, &policies), worker(&db, &policies)];
+    // Down for 1.5 s, then healthy.
+    std::thread::sleep(Duration::from_millis(1500));
+    dep.down.store(false, Ordering::SeqCst);
+    all_succeeded(&pg, 40, Duration::from_secs(60));
+    stop(workers);
+
+    let store = Store::Postgres(pg.clone());
+    let mut events = block(store.dependency_events(Some("psp"), 100)).unwrap();
+    events.reverse();
+    let log = dep.log.lock().unwrap().clone();
+    block(pg.drop_schema()).unwrap();
+
+    let opened = events
+        .iter()
+        .position(|e| e.from == "closed" && e.to == "open")
+        .unwrap_or_else(|| panic!("the breaker never opened: {events:?}"));
+    let open_at = events[opened].at;
+    let half = events[opened..]
+        .iter()
+        .position(|e| e.to == "half_open")
+        .map(|i| opened + i)
+        .expect("went half-open");
+    let half_at = events[half].at;
+    let after = events.get(half + 1).map_or(Utc::now(), |e| e.at);
+    // Open: no call from either process (150 ms of slack for calls already on the wire).
+    let during_open = log
+        .iter()
+        .filter(|(t, _)| *t > open_at + chrono::Duration::milliseconds(150) && *t < half_at)
+        .count();
+    assert_eq!(during_open, 0, "calls while open; events {events:?}");
+    assert!(half_at - open_at >= chrono::Duration::milliseconds(1900));
+    // Half-open: at most the probe limit, fleet-wide.
+    let probes = log
+        .iter()
+        .filter(|(t, _)| *t >= half_at && *t < after)
+        .count();
+    assert!(
+        probes <= 2,
+        "{probes} calls while half-open; events {events:?}"
+    );
+    // No charge was made twice and none is missing.
+    assert_eq!(log.iter().filter(|(_, s)| *s == 200).count(), 40);
+}
+
+#[test]
+fn a_retry_after_answered_to_one_process_delays_the_other() {
+    let Some((pg, db)) = schema() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let policies = dir.path().join("p.toml");
+    std::fs::write(&policies, POLICIES).unwrap();
+    let dep = Arc::new(Dep::default());
+    let (url, _rt) = serve(dep.clone());
+    let workers = vec![worker(&db, &policies), worker(&db, &policies)];
+    std::thread::sleep(Duration::from_millis(500));
+    dep.rate_limit_once.store(true, Ordering::SeqCst);
+    enqueue(&pg, &url, 30);
+    all_succeeded(&pg, 30, Duration::from_secs(60));
+    stop(workers);
+    block(pg.drop_schema()).unwrap();
+
+    assert_eq!(dep.limited.load(Ordering::SeqCst), 1);
+    let log = dep.log.lock().unwrap().clone();
+    let t429 = log.iter().find(|(_, s)| *s == 429).unwrap().0;
+    // Nobody called during the 2 s (after 200 ms for calls already on their way).
+    let early = log
+        .iter()
+        .filter(|(t, _)| {
+            *t > t429 + chrono::Duration::milliseconds(200)
+                && *t < t429 + chrono::Duration::milliseconds(1990)
+        })
+        .count();
+    assert_eq!(early, 0, "calls during the Retry-After: {log:?}");
+    assert_eq!(log.iter().filter(|(_, s)| *s == 200).count(), 30);
+}
