@@ -386,6 +386,34 @@ pub(crate) struct DemoArgs {
     /// Keep the dashboard up afterwards.
     #[arg(long)]
     pub(crate) serve: bool,
+    /// Charges to make.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub(crate) charges: u64,
+    /// Jobs run at once.
+    #[arg(long, default_value_t = 16, value_parser = parse_concurrency)]
+    pub(crate) concurrency: usize,
+    /// Seed of the simulator's faults and the workers' jitter.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) seed: u64,
+    /// A healthy PSP (no faults): for measuring throughput.
+    #[arg(long = "no-faults")]
+    pub(crate) no_faults: bool,
+    /// Where the charts go.
+    #[arg(long, default_value = "redrive-demo")]
+    pub(crate) out: std::path::PathBuf,
+    /// Give up after this many seconds.
+    #[arg(long = "timeout", default_value_t = 180)]
+    pub(crate) timeout_s: u64,
+    /// Print the report as one JSON document.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+fn parse_concurrency(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=10_000).contains(&n) => Ok(n),
+        _ => Err(format!("{s:?} is not a number from 1 to 10000")),
+    }
 }
 
 /// `redrive bench`.

@@ -155,6 +155,26 @@ impl Fleet {
         }
     }
 
+    /// Until when `dep` is blocked (open, or paused), as the fleet says now; takes no probe.
+    pub(crate) async fn blocked_until(
+        &self,
+        dep: &str,
+        now: Timestamp,
+    ) -> Result<Option<(Timestamp, DeferReason)>, StoreError> {
+        let Some(row) = self.row(dep, false, now).await? else {
+            return Ok(None);
+        };
+        if row.state == "open"
+            && let Some(u) = row.open_until.filter(|u| *u > now)
+        {
+            return Ok(Some((u, DeferReason::BreakerOpen)));
+        }
+        Ok(row
+            .paused_until
+            .filter(|p| *p > now)
+            .map(|p| (p, DeferReason::Paused)))
+    }
+
     async fn probe(&self, dep: &str, now: Timestamp) -> Result<Gate, StoreError> {
         let d = dep.to_owned();
         let got = self

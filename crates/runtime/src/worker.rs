@@ -734,7 +734,16 @@ impl Run {
             {
                 tracing::warn!(dependency = %dep, "publishing the breaker/pause failed: {e}");
             }
-            let (transition, step) = match verdict.action {
+            let mut action = verdict.action;
+            // A wait in process that would end while the dependency is still open or paused
+            // (this failure may just have opened it) holds a slot for nothing: defer instead.
+            if let (Action::RetryInProcess { delay, .. }, Some(dep)) = (&action, &job.dependency)
+                && let Ok(Some((until, reason))) = self.w.fleet.blocked_until(dep, now).await
+                && until > now + chrono::Duration::from_std(*delay).unwrap_or_default()
+            {
+                action = policy.decide_blocked(&verdict.counters, until, reason, now, &mut rng);
+            }
+            let (transition, step) = match action {
                 Action::Done => (
                     Transition::Succeeded {
                         result: attempted.result.clone(),

@@ -40,7 +40,7 @@ pub use capacity::{CapacityConfig, Outage, Overload};
 pub use error::SimError;
 pub use net::{BUCKET, Net, RunResult};
 pub use occ::OccConfig;
-pub use plot::plot;
+pub use plot::{LoadChart, plot, plot_load};
 pub use report::{render_table, to_csv};
 pub use strategy::{Retrier, STRATEGY_FORMS, Shape, Strategy};
 pub use sweep::{

@@ -272,3 +272,115 @@ fn timeline<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, r: &Report) -> Dr
         .draw()?;
     Ok(())
 }
+
+/// A PSP's load over time, for `redrive demo`: one 100 ms slice per entry.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LoadChart {
+    /// The chart's title.
+    pub title: String,
+    /// Per 100 ms slice: answered 2xx.
+    pub ok: Vec<u64>,
+    /// Per 100 ms slice: answered 429.
+    pub limited: Vec<u64>,
+    /// Per 100 ms slice: answered 5xx (errors and the outage).
+    pub failed: Vec<u64>,
+    /// Windows (start, end) in seconds during which the breaker was open, shaded.
+    pub open: Vec<(f64, f64)>,
+    /// The PSP's outage window (start, end) in seconds, marked, if any.
+    pub outage: Option<(f64, f64)>,
+}
+
+/// Draws a [`LoadChart`] to `path` (`.svg` or `.png`).
+///
+/// # Errors
+/// [`SimError::Plot`] for another extension, a missing font, or a file that cannot be written.
+pub fn plot_load(c: &LoadChart, path: &Path) -> Result<(), SimError> {
+    let err = |reason: String| SimError::Plot {
+        path: path.to_owned(),
+        reason,
+    };
+    ensure_font().map_err(err)?;
+    let size = (1000, 480);
+    match path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
+        Some("svg") => {
+            let root = SVGBackend::new(path, size).into_drawing_area();
+            draw_load(&root, c).map_err(|e| err(e.to_string()))?;
+            root.present().map_err(|e| err(e.to_string()))
+        }
+        Some("png") => {
+            let root = BitMapBackend::new(path, size).into_drawing_area();
+            draw_load(&root, c).map_err(|e| err(e.to_string()))?;
+            root.present().map_err(|e| err(e.to_string()))
+        }
+        _ => Err(err("the file must end in .svg or .png".into())),
+    }
+}
+
+fn draw_load<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, c: &LoadChart) -> DrawResult<DB> {
+    root.fill(&WHITE)?;
+    let n = c.ok.len().max(c.failed.len()).max(c.limited.len()).max(10);
+    let x_max = n as f64 / 10.0;
+    let at = |v: &[u64], i: usize| v.get(i).copied().unwrap_or(0);
+    let top = (0..n)
+        .map(|i| at(&c.ok, i) + at(&c.limited, i) + at(&c.failed, i))
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
+    let mut chart = ChartBuilder::on(root)
+        .caption(&c.title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(64)
+        .build_cartesian_2d(0.0..x_max, 0.0..top * 1.1)?;
+    chart
+        .configure_mesh()
+        .x_desc("time (s)")
+        .y_desc("requests per 100 ms")
+        .light_line_style(WHITE.mix(0.0))
+        .draw()?;
+    let shade = RGBColor(230, 80, 60).mix(0.18);
+    for (i, (a, b)) in c.open.iter().enumerate() {
+        let s =
+            chart.draw_series([Rectangle::new([(*a, 0.0), (*b, top * 1.1)], shade.filled())])?;
+        if i == 0 {
+            s.label("breaker open").legend(move |(x, y)| {
+                Rectangle::new([(x, y - 5), (x + 18, y + 5)], shade.filled())
+            });
+        }
+    }
+    if let Some((a, b)) = c.outage {
+        let mark = BLACK.mix(0.5);
+        chart
+            .draw_series([PathElement::new(
+                [(a, top * 1.05), (b, top * 1.05)],
+                mark.stroke_width(3),
+            )])?
+            .label("PSP outage")
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], mark.stroke_width(3)));
+    }
+    let series: [(&str, &[u64], RGBColor); 3] = [
+        ("2xx", &c.ok, RGBColor(40, 150, 70)),
+        ("429", &c.limited, RGBColor(230, 160, 20)),
+        ("5xx", &c.failed, RGBColor(200, 40, 40)),
+    ];
+    for (name, v, col) in series {
+        let pts = (0..n).map(|i| (i as f64 / 10.0, at(v, i) as f64));
+        chart
+            .draw_series(LineSeries::new(pts, col.stroke_width(2)))?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], col.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.3))
+        .label_font(("sans-serif", 13))
+        .draw()?;
+    Ok(())
+}
