@@ -89,6 +89,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Breakers(a) => cmd::queue::breakers(&global, a),
         Command::Bench(a) => cmd::bench::run(&global, a),
         Command::PspSim(args) => cmd::psp_sim::run(&global, args),
+        Command::Serve(a) => cmd::serve::run(&global, a),
         other => Err(anyhow::anyhow!(
             "`redrive {}` is not available in this build yet",
             other.name()

@@ -4,5 +4,6 @@ pub(crate) mod bench;
 pub(crate) mod policy;
 pub(crate) mod psp_sim;
 pub(crate) mod queue;
+pub(crate) mod serve;
 pub(crate) mod simulate;
 pub(crate) mod work;
