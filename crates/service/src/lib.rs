@@ -33,7 +33,7 @@ mod views;
 pub use api::{ApiDoc, MAX_DELAY, TRANSITIONS_PER_BREAKER};
 pub use auth::SESSION_COOKIE;
 pub use error::{ApiError, PROBLEM_BASE, PROBLEM_JSON, ProblemBody, ServiceError};
-pub use server::{app, serve};
+pub use server::{app, serve, serve_listener};
 pub use state::{AppConfig, AppState, DEFAULT_ADDR, MAX_BODY_BYTES, ServiceConfig};
 pub use views::*;
 

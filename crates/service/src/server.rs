@@ -24,7 +24,6 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/jobs/{id}/cancel", post(api::cancel_job))
         .route("/v1/stats", get(api::stats))
         .route("/v1/breakers", get(api::breakers))
-        .fallback(v1_not_found)
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_bearer,
@@ -40,10 +39,6 @@ pub fn app(state: AppState) -> Router {
         .layer(middleware::map_response(problem_for_bare_errors))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
-}
-
-async fn v1_not_found() -> ApiError {
-    ApiError::not_found("no such /v1 route; see /openapi.json")
 }
 
 async fn not_found() -> ApiError {
@@ -112,6 +107,19 @@ pub async fn serve(
             addr: config.addr,
             source,
         })?;
+    serve_listener(listener, state, shutdown).await
+}
+
+/// Serves `state` on an already bound listener (tests bind 127.0.0.1:0 themselves), printing
+/// `listening on http://ADDR`, until `shutdown` completes.
+///
+/// # Errors
+/// [`ServiceError::Serve`] when the listener fails.
+pub async fn serve_listener(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServiceError> {
     let local = listener.local_addr().map_err(ServiceError::Serve)?;
     println!("listening on http://{local}");
     tracing::info!(%local, "redrive serve listening");

@@ -96,6 +96,7 @@ impl AppState {
             .await
             .map_err(ServiceError::Idempotency)?;
         let layer = IdempotencyLayer::builder(idem)
+            .with_required(false)
             .with_max_request_bytes(MAX_BODY_BYTES)
             .with_problem_base(format!("{}idempotency/", crate::error::PROBLEM_BASE))
             .build()
