@@ -65,6 +65,35 @@ const ENQUEUE_FIELDS: [&str; 10] = [
     "max_attempts",
 ];
 
+/// An integer field: JSON Schema's `integer` admits `5.0`, so an integral float is accepted too.
+fn take_int<T: TryFrom<i64>>(
+    obj: &mut Map<String, Value>,
+    name: &str,
+) -> Result<Option<T>, ApiError> {
+    let Some(v) = obj.remove(name).filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let shown = v.to_string();
+    let n = match &v {
+        Value::Number(n) => n.as_i64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && f.abs() < 9.0e15)
+                .map(|f| f as i64)
+        }),
+        _ => None,
+    };
+    let n = n.ok_or_else(|| {
+        ApiError::bad_field(
+            name,
+            &shown,
+            format!("{name}: expected a whole number, got {shown}"),
+        )
+    })?;
+    T::try_from(n)
+        .map(Some)
+        .map_err(|_| ApiError::bad_field(name, &shown, format!("{name}: {shown} is out of range")))
+}
+
 fn take<T: DeserializeOwned>(
     obj: &mut Map<String, Value>,
     name: &str,
@@ -129,8 +158,8 @@ pub(crate) fn parse_enqueue(
     let run_at_raw: Option<String> = take(&mut obj, "run_at")?;
     let policy_name: Option<String> = take(&mut obj, "policy")?;
     let dependency: Option<String> = take(&mut obj, "dependency")?;
-    let priority: Option<i32> = take(&mut obj, "priority")?;
-    let max_attempts: Option<u32> = take(&mut obj, "max_attempts")?;
+    let priority: Option<i32> = take_int(&mut obj, "priority")?;
+    let max_attempts: Option<u32> = take_int(&mut obj, "max_attempts")?;
 
     let policy_name = policy_name.as_deref().unwrap_or("payment");
     let policy = state
@@ -251,14 +280,18 @@ pub(crate) async fn create_job(
 }
 
 /// Parses `state`, `queue`, `limit`, `after` of a listing.
-pub(crate) fn parse_list(query: Option<&str>) -> Result<ListParams, ApiError> {
+///
+/// With `empty_is_any` (the dashboard's filter form) an empty `state` means no filter; the API
+/// refuses it (it is not one of the states).
+pub(crate) fn parse_list(query: Option<&str>, empty_is_any: bool) -> Result<ListParams, ApiError> {
     let mut p = ListParams {
         limit: Some(50),
         ..Default::default()
     };
     for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
         match k.as_ref() {
-            "state" if !v.is_empty() => {
+            "state" if empty_is_any && v.is_empty() => {}
+            "state" => {
                 p.state = Some(
                     v.parse::<JobState>()
                         .map_err(|e| ApiError::bad_field("state", &v, e.to_string()))?,
@@ -304,7 +337,7 @@ pub(crate) async fn list_jobs(
     State(state): State<AppState>,
     RawQuery(query): RawQuery,
 ) -> Result<Json<JobPage>, ApiError> {
-    let p = parse_list(query.as_deref())?;
+    let p = parse_list(query.as_deref(), false)?;
     let page = state.inner.store.list(&p).await?;
     Ok(Json(JobPage {
         jobs: page.jobs.into_iter().map(JobView::from).collect(),
@@ -572,7 +605,46 @@ impl Modify for BearerAuth {
 )]
 pub struct ApiDoc;
 
+/// The document as served: [`ApiDoc`] plus what only the running service knows (the policy
+/// names it accepts) and what the derive cannot say (`delay` and `run_at` exclude each other).
+pub fn openapi_document(policies: &redrive_policy::PolicySet) -> Value {
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
+    if let Some(req) = doc.pointer_mut("/components/schemas/EnqueueRequest")
+        && let Some(obj) = req.as_object_mut()
+    {
+        if let Some(policy) = obj
+            .get_mut("properties")
+            .and_then(|p| p.get_mut("policy"))
+            .and_then(Value::as_object_mut)
+        {
+            let mut names: Vec<Value> = policies.names().map(Value::from).collect();
+            names.push(Value::Null);
+            policy.insert("enum".into(), Value::Array(names));
+        }
+        obj.insert(
+            "not".into(),
+            serde_json::json!({
+                "properties": {"delay": {"type": "string"}, "run_at": {"type": "string"}},
+                "required": ["delay", "run_at"]
+            }),
+        );
+    }
+    if let Some(params) = doc
+        .pointer_mut("/paths/~1v1~1jobs/post/parameters")
+        .and_then(Value::as_array_mut)
+    {
+        for p in params {
+            if p["name"] == "Idempotency-Key" {
+                p["schema"] = serde_json::json!({
+                    "type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~]+$"
+                });
+            }
+        }
+    }
+    doc
+}
+
 /// `/openapi.json`.
-pub(crate) async fn openapi() -> Json<utoipa::openapi::OpenApi> {
-    Json(ApiDoc::openapi())
+pub(crate) async fn openapi(State(state): State<AppState>) -> Json<Value> {
+    Json(openapi_document(&state.inner.policies))
 }

@@ -423,7 +423,7 @@ fn job_row(j: &Job, now: Timestamp) -> Markup {
 }
 
 async fn jobs(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, Page> {
-    let p = parse_list(q.as_deref())?;
+    let p = parse_list(q.as_deref(), true)?;
     let page = state.inner.store.list(&p).await?;
     let now = Utc::now();
     let next_link = page.next.map(|n| {

@@ -30,7 +30,7 @@ mod server;
 mod state;
 mod views;
 
-pub use api::{ApiDoc, MAX_DELAY, TRANSITIONS_PER_BREAKER};
+pub use api::{ApiDoc, MAX_DELAY, TRANSITIONS_PER_BREAKER, openapi_document};
 pub use auth::SESSION_COOKIE;
 pub use error::{ApiError, PROBLEM_BASE, PROBLEM_JSON, ProblemBody, ServiceError};
 pub use server::{app, serve, serve_listener};

@@ -4,6 +4,7 @@ use std::future::Future;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use axum::handler::Handler;
 use axum::http::{StatusCode, header};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
@@ -16,7 +17,8 @@ use crate::{api, auth, dashboard};
 /// The whole application: `/v1` (behind the bearer token, if one is configured), `/metrics`,
 /// `/healthz`, `/readyz`, `/openapi.json` and the dashboard.
 pub fn app(state: AppState) -> Router {
-    let enqueue = post(api::create_job).layer(state.inner.idempotency.clone());
+    // On the handler, not the method router: the layer must not see other methods (405).
+    let enqueue = post(api::create_job.layer(state.inner.idempotency.clone()));
     let v1 = Router::new()
         .route("/v1/jobs", enqueue.get(api::list_jobs))
         .route("/v1/jobs/{id}", get(api::get_job))

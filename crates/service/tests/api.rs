@@ -276,6 +276,7 @@ async fn bad_bodies_are_problems_naming_the_field() {
     // Query and path parameters.
     for (uri, field) in [
         ("/v1/jobs?state=bogus", "state"),
+        ("/v1/jobs?state=", "state"),
         ("/v1/jobs?limit=0", "limit"),
         ("/v1/jobs?limit=1001", "limit"),
         ("/v1/jobs?limit=ten", "limit"),
