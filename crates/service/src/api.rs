@@ -254,10 +254,11 @@ pub(crate) async fn create_job(
 ) -> Result<Response, ApiError> {
     let body = read_body(body).await?;
     let now = chrono::Utc::now();
-    let header_key = headers
-        .get(redrive_http::idempotency::IDEMPOTENCY_KEY)
-        .and_then(|v| v.to_str().ok());
-    let job = parse_enqueue(&state, &body, header_key, now)?;
+    // The layer has validated the header already; its parsed form drops the optional quotes.
+    let header_key = redrive_http::idempotency::parse_key(&headers)
+        .ok()
+        .flatten();
+    let job = parse_enqueue(&state, &body, header_key.as_ref().map(|k| k.as_str()), now)?;
     let e = state.inner.store.enqueue(&job, now).await?;
     let status = if e.created {
         StatusCode::CREATED
@@ -636,7 +637,7 @@ pub fn openapi_document(policies: &redrive_policy::PolicySet) -> Value {
         for p in params {
             if p["name"] == "Idempotency-Key" {
                 p["schema"] = serde_json::json!({
-                    "type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~]+$"
+                    "type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!#-\\[\\]-~]+$"
                 });
             }
         }
