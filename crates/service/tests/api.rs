@@ -670,3 +670,79 @@ async fn metrics_sets_the_jobs_gauge_from_the_store() {
     h.cleanup().await;
     h0.cleanup().await;
 }
+
+/// Found by schemathesis: the idempotency layer sat on the whole method router, so `PATCH
+/// /v1/jobs` with a bad `Idempotency-Key` got 400 from the layer instead of 405.
+#[tokio::test]
+async fn undeclared_method_with_idempotency_key_is_405_not_400() {
+    let h = sqlite(AppConfig::default()).await;
+    let req = Request::patch("/v1/jobs")
+        .header("idempotency-key", "")
+        .body(Body::empty())
+        .unwrap();
+    let r = send(&h.app(), req).await;
+    assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED, "{}", r.body);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    h.cleanup().await;
+}
+
+/// Found by schemathesis: JSON Schema's `integer` admits `-4188.0`, which serde refused for
+/// an `i32`.
+#[tokio::test]
+async fn integral_floats_are_accepted_for_integer_fields() {
+    let h = sqlite(AppConfig::default()).await;
+    let r = send(
+        &h.app(),
+        post_json(
+            "/v1/jobs",
+            r#"{"queue": "q", "kind": "noop", "priority": -4.0, "max_attempts": 3.0}"#,
+        ),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    assert_eq!(r.json()["job"]["priority"], -4);
+    assert_eq!(r.json()["job"]["max_attempts"], 3);
+    send(
+        &h.app(),
+        post_json(
+            "/v1/jobs",
+            r#"{"queue": "q", "kind": "noop", "priority": 1.5}"#,
+        ),
+    )
+    .await
+    .assert_problem(400, "priority");
+    send(
+        &h.app(),
+        post_json(
+            "/v1/jobs",
+            r#"{"queue": "q", "kind": "noop", "priority": 3000000000}"#,
+        ),
+    )
+    .await
+    .assert_problem(400, "priority");
+    h.cleanup().await;
+}
+
+/// A quoted `Idempotency-Key` (`"k1"`, as the draft allows) is the key `k1`, not `"k1"`.
+#[tokio::test]
+async fn quoted_idempotency_key_becomes_the_bare_job_key() {
+    let h = sqlite(AppConfig::default()).await;
+    let mut req = post_json("/v1/jobs", r#"{"queue": "q", "kind": "noop"}"#);
+    req.headers_mut()
+        .insert("idempotency-key", "\"k1\"".parse().unwrap());
+    let r = send(&h.app(), req).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    assert_eq!(r.json()["job"]["key"], "k1");
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn served_document_names_the_policies_and_excludes_delay_with_run_at() {
+    let h = sqlite(AppConfig::default()).await;
+    let doc = send(&h.app(), get("/openapi.json")).await.json();
+    let req = &doc["components"]["schemas"]["EnqueueRequest"];
+    let names = req["properties"]["policy"]["enum"].as_array().unwrap();
+    assert!(names.contains(&json!("payment")), "{names:?}");
+    assert_eq!(req["not"]["required"], json!(["delay", "run_at"]));
+    h.cleanup().await;
+}
