@@ -607,7 +607,7 @@ async fn dead(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Re
                     div.group data-reason=(g.reason) data-count=(g.count) {
                         h3 { (state_badge("dead")) " " (g.reason) " — " (g.count) " job" @if g.count != 1 { "s" } }
                         p { "Error: " code.signature { (if g.signature.is_empty() { "(none)" } else { &g.signature }) } }
-                        @if let Some(e) = &g.example { p.muted { "e.g. " (e) } }
+                        @if let Some(e) = g.example.as_ref().filter(|e| **e != g.signature) { p.muted { "e.g. " (e) } }
                         p.muted { "Queues: " (g.queues.join(", ")) }
                         p {
                             label { input type="checkbox" data-group=(gi) onclick="var c=this.checked;var g=this.dataset.group;document.querySelectorAll('input[data-in=\"'+g+'\"]').forEach(function(x){x.checked=c;});"; " select group" }
@@ -618,7 +618,7 @@ async fn dead(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Re
                                     a href=(format!("/jobs/{id}")) { (id) }
                                 }
                                 " "
-                                button type="submit" formaction=(format!("/jobs/{id}/replay")) title=(format!("replay job {id}")) class="replay-one" { "↻" }
+                                button type="submit" formaction=(format!("/jobs/{id}/replay")) title=(format!("replay job {id}")) class="replay-one" { "replay" }
                                 " "
                             }
                             @if g.count > g.ids.len() as u64 { span.muted { "… and " (g.count - g.ids.len() as u64) " more" } }
