@@ -113,7 +113,8 @@ pub async fn serve(
 }
 
 /// Serves `state` on an already bound listener (tests bind 127.0.0.1:0 themselves), printing
-/// `listening on http://ADDR`, until `shutdown` completes.
+/// `listening on http://ADDR`, until `shutdown` completes; expired idempotency records are
+/// reaped meanwhile.
 ///
 /// # Errors
 /// [`ServiceError::Serve`] when the listener fails.
@@ -123,10 +124,18 @@ pub async fn serve_listener(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServiceError> {
     let local = listener.local_addr().map_err(ServiceError::Serve)?;
+    // Expired idempotency records are deleted while the service runs.
+    let reaper = redrive_http::idempotency::spawn_reaper(
+        state.inner.idempotency.store().clone(),
+        redrive_http::idempotency::DEFAULT_REAP_INTERVAL,
+        redrive_http::idempotency::DEFAULT_REAP_BATCH,
+    );
     println!("listening on http://{local}");
     tracing::info!(%local, "redrive serve listening");
-    axum::serve(listener, app(state))
+    let served = axum::serve(listener, app(state))
         .with_graceful_shutdown(shutdown)
         .await
-        .map_err(ServiceError::Serve)
+        .map_err(ServiceError::Serve);
+    reaper.abort();
+    served
 }
