@@ -72,29 +72,6 @@ pub(crate) enum Command {
     Bench(BenchArgs),
 }
 
-impl Command {
-    /// The subcommand's name, as typed.
-    pub(crate) fn name(&self) -> &'static str {
-        match self {
-            Command::Migrate => "migrate",
-            Command::Enqueue(_) => "enqueue",
-            Command::Work(_) => "work",
-            Command::Jobs(_) => "jobs",
-            Command::Show(_) => "show",
-            Command::Dead(_) => "dead",
-            Command::Cancel(_) => "cancel",
-            Command::Stats(_) => "stats",
-            Command::Breakers(_) => "breakers",
-            Command::Policy(_) => "policy",
-            Command::Serve(_) => "serve",
-            Command::PspSim(_) => "psp-sim",
-            Command::Simulate(_) => "simulate",
-            Command::Demo(_) => "demo",
-            Command::Bench(_) => "bench",
-        }
-    }
-}
-
 /// `--json` alone.
 #[derive(Debug, Args)]
 pub(crate) struct JsonArgs {
@@ -386,6 +363,9 @@ pub(crate) struct DemoArgs {
     /// Keep the dashboard up afterwards.
     #[arg(long)]
     pub(crate) serve: bool,
+    /// Where `--serve` listens (loopback only).
+    #[arg(long, default_value = "127.0.0.1:8080", value_parser = parse_loopback)]
+    pub(crate) addr: std::net::SocketAddr,
     /// Charges to make.
     #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub(crate) charges: u64,
@@ -407,6 +387,16 @@ pub(crate) struct DemoArgs {
     /// Print the report as one JSON document.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+fn parse_loopback(s: &str) -> Result<std::net::SocketAddr, String> {
+    match s.parse::<std::net::SocketAddr>() {
+        Ok(a) if a.ip().is_loopback() => Ok(a),
+        Ok(_) => Err(format!(
+            "{s:?} is not a loopback address (the demo serves without a token)"
+        )),
+        Err(_) => Err(format!("{s:?} is not an address like 127.0.0.1:8080")),
+    }
 }
 
 fn parse_concurrency(s: &str) -> Result<usize, String> {

@@ -46,6 +46,19 @@ fn main() -> ExitCode {
             return ExitCode::from(code as u8);
         }
     };
+    // Logs (breaker transitions, dead jobs, store trouble) to stderr; RUST_LOG overrides.
+    // The demo draws a progress bar there, so it only shows errors by default.
+    let default = if matches!(cli.command, args::Command::Demo(_)) {
+        "error"
+    } else {
+        "warn"
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
     match run(cli) {
         Ok(code) => code,
         Err(err) => {
@@ -90,9 +103,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench(a) => cmd::bench::run(&global, a),
         Command::PspSim(args) => cmd::psp_sim::run(&global, args),
         Command::Demo(a) => cmd::demo::run(&global, a),
-        other => Err(anyhow::anyhow!(
-            "`redrive {}` is not available in this build yet",
-            other.name()
-        )),
+        Command::Serve(a) => cmd::serve::run(&global, a),
     }
 }

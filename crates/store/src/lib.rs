@@ -31,6 +31,7 @@
 mod batch;
 mod clock;
 mod error;
+mod insights;
 mod model;
 mod ops;
 mod postgres;
@@ -42,6 +43,7 @@ use std::time::Duration;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Result, StoreError};
+pub use insights::{AttemptBucket, DeadGroup, DeadReasonCount, MAX_DEAD_SCAN, error_signature};
 pub use model::{
     Attempt, BreakerUpdate, ClaimParams, Completion, Dependency, DependencyEvent, Enqueued, Job,
     JobId, JobState, Lease, ListParams, MAX_BATCH, MAX_MAX_ATTEMPTS, MAX_NAME_LEN, NewAttempt,

@@ -5,5 +5,6 @@ pub(crate) mod demo;
 pub(crate) mod policy;
 pub(crate) mod psp_sim;
 pub(crate) mod queue;
+pub(crate) mod serve;
 pub(crate) mod simulate;
 pub(crate) mod work;

@@ -1,0 +1,86 @@
+//! `redrive serve`: the HTTP API, the dashboard and `/metrics` over the `--db` store.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use metrics_exporter_prometheus::PrometheusBuilder;
+use redrive_http::HttpJob;
+use redrive_runtime::{Noop, Worker};
+use redrive_service::{AppConfig, ServiceConfig, ServiceError};
+use tokio_util::sync::CancellationToken;
+
+use crate::args::{Global, ServeArgs};
+use crate::cmd::queue::{block_on, open};
+use crate::error::usage;
+use crate::policies;
+
+pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
+    let addr: SocketAddr = a.addr.parse().map_err(|_| {
+        usage(format!(
+            "--addr: {:?} is not an address like 127.0.0.1:8080",
+            a.addr
+        ))
+    })?;
+    let token = a.token.clone().filter(|t| !t.is_empty());
+    if token.is_none() && !addr.ip().is_loopback() {
+        return Err(usage(ServiceError::TokenRequired { addr }.to_string()));
+    }
+    let set = policies::load(global)?;
+    block_on(async move {
+        let store = open(global).await?;
+        let prometheus = PrometheusBuilder::new()
+            .install_recorder()
+            .context("installing the Prometheus recorder")?;
+        // `--workers N`: a worker pool over every queue in this process; without it the
+        // service only enqueues and shows, and workers run elsewhere (`redrive work`).
+        let stop = CancellationToken::new();
+        let workers = (a.workers > 0).then(|| {
+            let w = Worker::builder(store.clone(), Vec::new())
+                .handler("noop", Arc::new(Noop))
+                .handler("http", Arc::new(HttpJob::default()))
+                .policies(set.clone())
+                .concurrency(a.workers as usize)
+                .build();
+            let stop = stop.clone();
+            tokio::spawn(async move { w.run(stop).await })
+        });
+        let config = ServiceConfig {
+            addr,
+            store,
+            app: AppConfig {
+                token,
+                policies: set,
+                prometheus: Some(prometheus),
+            },
+        };
+        let s2 = stop.clone();
+        let shutdown = async move {
+            use tokio::signal::unix::{SignalKind, signal};
+            match signal(SignalKind::terminate()) {
+                Ok(mut term) => tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                },
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
+            s2.cancel();
+        };
+        let served = redrive_service::serve(config, shutdown).await;
+        stop.cancel();
+        if let Some(w) = workers {
+            w.await.context("the worker pool")??;
+        }
+        match served {
+            Ok(()) => Ok(ExitCode::SUCCESS),
+            Err(e @ (ServiceError::TokenRequired { .. } | ServiceError::InvalidToken { .. })) => {
+                Err(usage(e.to_string()))
+            }
+            Err(e) => Err(e.into()),
+        }
+    })
+}

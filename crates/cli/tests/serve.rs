@@ -1,0 +1,114 @@
+//! `redrive serve`, run as a user runs it: the built binary on 127.0.0.1:0.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// Kills the child even when an assertion fails.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start(db: &str, extra: &[&str]) -> (Server, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_redrive"))
+        .args(["--db", db, "serve", "--addr", "127.0.0.1:0"])
+        .args(extra)
+        .env_remove("REDRIVE_API_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run redrive serve");
+    let stdout = child.stdout.take().unwrap();
+    let server = Server(child);
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    let addr = line
+        .trim_end()
+        .strip_prefix("listening on http://")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned();
+    assert!(!addr.ends_with(":0"), "the real port is printed: {addr}");
+    (server, addr)
+}
+
+/// One HTTP/1.1 request with `Connection: close`; returns (status, whole response).
+fn request(addr: &str, method: &str, path: &str, headers: &[&str], body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for h in headers {
+        req.push_str(h);
+        req.push_str("\r\n");
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, out)
+}
+
+#[test]
+fn serve_answers_health_api_and_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite:{}", dir.path().join("q.db").display());
+    let (_server, addr) = start(&db, &["--token", "t0k"]);
+    assert_eq!(request(&addr, "GET", "/healthz", &[], "").0, 200);
+    assert_eq!(request(&addr, "GET", "/readyz", &[], "").0, 200);
+    let (status, res) = request(&addr, "GET", "/v1/jobs", &[], "");
+    assert_eq!(status, 401, "{res}");
+    let (status, res) = request(
+        &addr,
+        "POST",
+        "/v1/jobs",
+        &[
+            "Authorization: Bearer t0k",
+            "Content-Type: application/json",
+        ],
+        r#"{"queue": "cli", "kind": "noop"}"#,
+    );
+    assert_eq!(status, 201, "{res}");
+    let (status, res) = request(&addr, "GET", "/metrics", &[], "");
+    assert_eq!(status, 200, "{res}");
+    assert!(
+        res.contains("redrive_jobs{queue=\"cli\",state=\"available\"} 1"),
+        "{res}"
+    );
+}
+
+#[test]
+fn serve_refuses_a_public_address_without_a_token() {
+    let out = Command::new(env!("CARGO_BIN_EXE_redrive"))
+        .args(["--db", "sqlite::memory:", "serve", "--addr", "0.0.0.0:0"])
+        .env_remove("REDRIVE_API_TOKEN")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("refusing to listen on 0.0.0.0:0 without a token"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_redrive"))
+        .args(["serve", "--addr", "localhost"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--addr"));
+}

@@ -1,0 +1,651 @@
+//! The `/v1` JSON API, `/metrics`, `/healthz`, `/readyz` and `/openapi.json`.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use redrive_store::{JobId, JobState, ListParams, NewJob, Selection, Store};
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+use crate::error::{ApiError, ProblemBody};
+use crate::state::{AppState, MAX_BODY_BYTES};
+use crate::views::*;
+
+/// The longest `delay` accepted.
+pub const MAX_DELAY: Duration = Duration::from_secs(365 * 86_400);
+
+/// Transitions shown per breaker.
+pub const TRANSITIONS_PER_BREAKER: u32 = 10;
+
+/// Reads a request body of at most [`MAX_BODY_BYTES`]; larger → 413 problem+json.
+pub(crate) async fn read_body(body: Body) -> Result<Bytes, ApiError> {
+    axum::body::to_bytes(body, MAX_BODY_BYTES)
+        .await
+        .map_err(|e| {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
+                || e.to_string().contains("length limit");
+            if too_large {
+                let mut p = ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body-too-large",
+                    "The request body is too large",
+                    format!("the body is larger than {MAX_BODY_BYTES} bytes"),
+                );
+                p.field = Some("body".into());
+                p
+            } else {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "body-unreadable",
+                    "The request body could not be read",
+                    e.to_string(),
+                )
+            }
+        })
+}
+
+const ENQUEUE_FIELDS: [&str; 10] = [
+    "queue",
+    "kind",
+    "payload",
+    "key",
+    "delay",
+    "run_at",
+    "policy",
+    "dependency",
+    "priority",
+    "max_attempts",
+];
+
+/// An integer field: JSON Schema's `integer` admits `5.0`, so an integral float is accepted too.
+fn take_int<T: TryFrom<i64>>(
+    obj: &mut Map<String, Value>,
+    name: &str,
+) -> Result<Option<T>, ApiError> {
+    let Some(v) = obj.remove(name).filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let shown = v.to_string();
+    let n = match &v {
+        Value::Number(n) => n.as_i64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && f.abs() < 9.0e15)
+                .map(|f| f as i64)
+        }),
+        _ => None,
+    };
+    let n = n.ok_or_else(|| {
+        ApiError::bad_field(
+            name,
+            &shown,
+            format!("{name}: expected a whole number, got {shown}"),
+        )
+    })?;
+    T::try_from(n)
+        .map(Some)
+        .map_err(|_| ApiError::bad_field(name, &shown, format!("{name}: {shown} is out of range")))
+}
+
+fn take<T: DeserializeOwned>(
+    obj: &mut Map<String, Value>,
+    name: &str,
+) -> Result<Option<T>, ApiError> {
+    match obj.remove(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => {
+            let shown = match &v {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            serde_json::from_value(v)
+                .map(Some)
+                .map_err(|e| ApiError::bad_field(name, &shown, format!("{name}: {e}")))
+        }
+    }
+}
+
+fn required<T>(v: Option<T>, name: &str) -> Result<T, ApiError> {
+    v.ok_or_else(|| ApiError::bad_field(name, "", format!("{name} is required")))
+}
+
+/// The host of an `http(s)://host[:port]/…` URL.
+fn host_of(url: &str) -> Option<String> {
+    let rest = url.split_once("://")?.1;
+    let host = rest.split(['/', '?', '#']).next()?;
+    let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
+    (!host.is_empty()).then(|| host.to_owned())
+}
+
+/// Turns the body of `POST /v1/jobs` into a job, naming the first bad field.
+pub(crate) fn parse_enqueue(
+    state: &AppState,
+    body: &[u8],
+    header_key: Option<&str>,
+    now: redrive_store::Timestamp,
+) -> Result<NewJob, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_field("body", "", format!("the body is not valid JSON: {e}")))?;
+    let Value::Object(mut obj) = value else {
+        return Err(ApiError::bad_field(
+            "body",
+            &value.to_string(),
+            "the body must be a JSON object",
+        ));
+    };
+    if let Some(unknown) = obj.keys().find(|k| !ENQUEUE_FIELDS.contains(&k.as_str())) {
+        return Err(ApiError::bad_field(
+            unknown.clone(),
+            "",
+            format!(
+                "unknown field {unknown:?}; expected one of {}",
+                ENQUEUE_FIELDS.join(", ")
+            ),
+        ));
+    }
+    let queue: String = required(take(&mut obj, "queue")?, "queue")?;
+    let kind: String = required(take(&mut obj, "kind")?, "kind")?;
+    let payload: Value = take(&mut obj, "payload")?.unwrap_or_else(|| Value::Object(Map::new()));
+    let key: Option<String> = take(&mut obj, "key")?;
+    let delay: Option<String> = take(&mut obj, "delay")?;
+    let run_at_raw: Option<String> = take(&mut obj, "run_at")?;
+    let policy_name: Option<String> = take(&mut obj, "policy")?;
+    let dependency: Option<String> = take(&mut obj, "dependency")?;
+    let priority: Option<i32> = take_int(&mut obj, "priority")?;
+    let max_attempts: Option<u32> = take_int(&mut obj, "max_attempts")?;
+
+    let policy_name = policy_name.as_deref().unwrap_or("payment");
+    let policy = state
+        .inner
+        .policies
+        .get(policy_name)
+        .map_err(|e| ApiError::unprocessable("policy", policy_name, e.to_string()))?;
+    if kind == "http"
+        && let Err(e) = redrive_http::HttpPayload::parse(&payload)
+    {
+        return Err(ApiError::unprocessable(
+            "payload",
+            &redrive_http::redact_payload(&payload).to_string(),
+            e,
+        ));
+    }
+    let mut job = NewJob::new(queue, kind.clone(), payload.clone()).with_policy(policy);
+    job.key = key.or_else(|| header_key.map(str::to_owned));
+    job.priority = priority.unwrap_or(0);
+    if let Some(n) = max_attempts {
+        job.max_attempts = n;
+    }
+    job.dependency = dependency.or_else(|| {
+        (kind == "http")
+            .then(|| payload.get("url").and_then(Value::as_str).and_then(host_of))
+            .flatten()
+    });
+    job.run_at = match (delay, run_at_raw) {
+        (Some(d), Some(_)) => {
+            return Err(ApiError::bad_field(
+                "delay",
+                &d,
+                "give delay or run_at, not both",
+            ));
+        }
+        (Some(d), None) => {
+            let dur = redrive_policy::parse_duration(&d)
+                .map_err(|e| ApiError::bad_field("delay", &d, e.to_string()))?;
+            if dur > MAX_DELAY {
+                return Err(ApiError::unprocessable(
+                    "delay",
+                    &d,
+                    "delay must be at most 365 days",
+                ));
+            }
+            let dur = chrono::Duration::from_std(dur)
+                .map_err(|_| ApiError::unprocessable("delay", &d, "delay is too long"))?;
+            Some(now + dur)
+        }
+        (None, Some(t)) => Some(
+            chrono::DateTime::parse_from_rfc3339(&t)
+                .map(|t| t.with_timezone(&chrono::Utc))
+                .map_err(|e| {
+                    ApiError::bad_field(
+                        "run_at",
+                        &t,
+                        format!("expected an RFC 3339 time like 2026-12-02T10:00:00Z: {e}"),
+                    )
+                })?,
+        ),
+        (None, None) => None,
+    };
+    job.validate()?;
+    Ok(job)
+}
+
+/// Enqueue a job.
+///
+/// With an `Idempotency-Key` header a repeat returns the first response (marked
+/// `Idempotent-Replayed: true`); without `key` in the body the header is also the job's key, so
+/// the store's dedupe holds across retention too. A repeat of a body `key` returns the existing
+/// job with 200 and `created: false`.
+#[utoipa::path(
+    post, path = "/v1/jobs", tag = "jobs",
+    request_body = EnqueueRequest,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Makes the request safe to repeat")),
+    responses(
+        (status = 201, description = "Enqueued", body = EnqueueResponse),
+        (status = 200, description = "A job with this queue and key already existed", body = EnqueueResponse),
+        (status = 400, description = "Malformed body, field or header", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or wrong bearer token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "The first request with this Idempotency-Key is in flight", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 1 MiB", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 422, description = "A value out of range, or the Idempotency-Key reused for another request", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "Store unavailable", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn create_job(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let body = read_body(body).await?;
+    let now = chrono::Utc::now();
+    // The layer has validated the header already; its parsed form drops the optional quotes.
+    let header_key = redrive_http::idempotency::parse_key(&headers)
+        .ok()
+        .flatten();
+    let job = parse_enqueue(&state, &body, header_key.as_ref().map(|k| k.as_str()), now)?;
+    let e = state.inner.store.enqueue(&job, now).await?;
+    let status = if e.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    let location = format!("/v1/jobs/{}", e.job.id);
+    let mut res = (
+        status,
+        Json(EnqueueResponse {
+            created: e.created,
+            job: e.job.into(),
+        }),
+    )
+        .into_response();
+    if let Ok(v) = HeaderValue::from_str(&location) {
+        res.headers_mut().insert(header::LOCATION, v);
+    }
+    Ok(res)
+}
+
+/// Parses `state`, `queue`, `limit`, `after` of a listing.
+///
+/// With `empty_is_any` (the dashboard's filter form) an empty `state` means no filter; the API
+/// refuses it (it is not one of the states).
+pub(crate) fn parse_list(query: Option<&str>, empty_is_any: bool) -> Result<ListParams, ApiError> {
+    let mut p = ListParams {
+        limit: Some(50),
+        ..Default::default()
+    };
+    for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+        match k.as_ref() {
+            "state" if empty_is_any && v.is_empty() => {}
+            "state" => {
+                p.state = Some(
+                    v.parse::<JobState>()
+                        .map_err(|e| ApiError::bad_field("state", &v, e.to_string()))?,
+                );
+            }
+            "queue" if !v.is_empty() => p.queue = Some(v.into_owned()),
+            "limit" => {
+                let n: u32 = v.parse().map_err(|_| {
+                    ApiError::bad_field("limit", &v, "limit must be a whole number 1..=1000")
+                })?;
+                if !(1..=1000).contains(&n) {
+                    return Err(ApiError::bad_field("limit", &v, "limit must be 1..=1000"));
+                }
+                p.limit = Some(n);
+            }
+            "after" => {
+                let n: i64 = v.parse().map_err(|_| {
+                    ApiError::bad_field("after", &v, "after must be a job id (a whole number >= 0)")
+                })?;
+                if n < 0 {
+                    return Err(ApiError::bad_field("after", &v, "after must be >= 0"));
+                }
+                p.after = Some(n);
+            }
+            _ => {}
+        }
+    }
+    Ok(p)
+}
+
+/// List jobs by id, with keyset pagination.
+#[utoipa::path(
+    get, path = "/v1/jobs", tag = "jobs",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of jobs; pass `next` as `after` for the next", body = JobPage),
+        (status = 400, description = "Bad query parameter", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or wrong bearer token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "Store unavailable", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn list_jobs(
+    State(state): State<AppState>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<JobPage>, ApiError> {
+    let p = parse_list(query.as_deref(), false)?;
+    let page = state.inner.store.list(&p).await?;
+    Ok(Json(JobPage {
+        jobs: page.jobs.into_iter().map(JobView::from).collect(),
+        next: page.next,
+    }))
+}
+
+/// Parses a job id from the path.
+pub(crate) fn parse_id(raw: &str) -> Result<JobId, ApiError> {
+    raw.parse::<JobId>()
+        .map_err(|_| ApiError::bad_field("id", raw, "id must be a whole number"))
+}
+
+async fn job_or_404(store: &Store, id: JobId) -> Result<redrive_store::Job, ApiError> {
+    store
+        .get(id)
+        .await?
+        .ok_or_else(|| redrive_store::StoreError::NotFound(id).into())
+}
+
+/// One job with every attempt.
+#[utoipa::path(
+    get, path = "/v1/jobs/{id}", tag = "jobs",
+    params(("id" = i64, Path, description = "Job id")),
+    responses(
+        (status = 200, description = "The job and its attempts", body = JobDetail),
+        (status = 400, description = "The id is not a number", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or wrong bearer token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 404, description = "No such job", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "Store unavailable", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn get_job(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<JobDetail>, ApiError> {
+    let id = parse_id(&id)?;
+    let job = job_or_404(&state.inner.store, id).await?;
+    let attempts = state.inner.store.attempts(id).await?;
+    Ok(Json(JobDetail {
+        job: job.into(),
+        attempts: attempts.into_iter().map(AttemptView::from).collect(),
+    }))
+}
+
+/// Replays one dead job (returns it, available again).
+pub(crate) async fn replay_one(store: &Store, id: JobId) -> Result<redrive_store::Job, ApiError> {
+    let n = store
+        .replay(&Selection::Ids(vec![id]), chrono::Utc::now())
+        .await?;
+    let job = job_or_404(store, id).await?;
+    if n == 0 {
+        return Err(redrive_store::StoreError::WrongState {
+            id,
+            state: job.state,
+            operation: "replay (only dead jobs can be replayed)",
+        }
+        .into());
+    }
+    Ok(job)
+}
+
+/// Put a dead job back in the queue with a fresh budget (its history is kept).
+#[utoipa::path(
+    post, path = "/v1/jobs/{id}/replay", tag = "jobs",
+    params(("id" = i64, Path, description = "Job id")),
+    responses(
+        (status = 200, description = "Replayed; the job as it is now", body = JobView),
+        (status = 400, description = "The id is not a number", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or wrong bearer token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 404, description = "No such job", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "The job is not dead", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "Store unavailable", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn replay_job(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<JobView>, ApiError> {
+    let id = parse_id(&id)?;
+    Ok(Json(replay_one(&state.inner.store, id).await?.into()))
+}
+
+/// Cancel a job that has not finished (a running job's lease is revoked).
+#[utoipa::path(
+    post, path = "/v1/jobs/{id}/cancel", tag = "jobs",
+    params(("id" = i64, Path, description = "Job id")),
+    responses(
+        (status = 200, description = "Cancelled; the job as it is now", body = JobView),
+        (status = 400, description = "The id is not a number", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or wrong bearer token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 404, description = "No such job", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "The job has already finished", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "Store unavailable", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn cancel_job(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<JobView>, ApiError> {
+    let id = parse_id(&id)?;
+    let job = state.inner.store.cancel(id, chrono::Utc::now()).await?;
+    Ok(Json(job.into()))
+}
+
+/// Every breaker with its recent transitions.
+pub(crate) async fn breaker_views(store: &Store) -> Result<Vec<BreakerView>, ApiError> {
+    let now = chrono::Utc::now();
+    let mut out = Vec::new();
+    for d in store.dependencies().await? {
+        let events = store
+            .dependency_events(Some(&d.name), TRANSITIONS_PER_BREAKER)
+            .await?;
+        out.push(BreakerView::new(
+            d,
+            now,
+            events.into_iter().map(TransitionView::from).collect(),
+        ));
+    }
+    Ok(out)
+}
+
+/// Jobs per queue and state, and the breakers.
+#[utoipa::path(
+    get, path = "/v1/stats", tag = "fleet",
+    responses(
+        (status = 200, description = "Counts and breakers", body = StatsResponse),
+        (status = 401, description = "Missing or wrong bearer token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "Store unavailable", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn stats(State(state): State<AppState>) -> Result<Json<StatsResponse>, ApiError> {
+    let counts = state.inner.store.counts().await?;
+    Ok(Json(StatsResponse {
+        counts: counts.into_iter().map(CountView::from).collect(),
+        breakers: breaker_views(&state.inner.store).await?,
+    }))
+}
+
+/// Circuit breakers per dependency: state, next probe, pause, recent transitions.
+#[utoipa::path(
+    get, path = "/v1/breakers", tag = "fleet",
+    responses(
+        (status = 200, description = "Breakers", body = BreakersResponse),
+        (status = 401, description = "Missing or wrong bearer token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "Store unavailable", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn breakers(
+    State(state): State<AppState>,
+) -> Result<Json<BreakersResponse>, ApiError> {
+    Ok(Json(BreakersResponse {
+        breakers: breaker_views(&state.inner.store).await?,
+    }))
+}
+
+/// The process is up.
+#[utoipa::path(
+    get, path = "/healthz", tag = "health", security(()),
+    responses((status = 200, description = "Up", body = Health))
+)]
+pub(crate) async fn healthz() -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+        backend: None,
+    })
+}
+
+/// The store is reachable (503 otherwise).
+#[utoipa::path(
+    get, path = "/readyz", tag = "health", security(()),
+    responses(
+        (status = 200, description = "Ready", body = Health),
+        (status = 503, description = "The store is unreachable", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
+    let store = &state.inner.store;
+    match tokio::time::timeout(Duration::from_secs(3), store.get(0)).await {
+        Ok(Ok(_)) => Ok(Json(Health {
+            status: "ok".into(),
+            backend: Some(store.backend().into()),
+        })),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "readiness check failed");
+            Err(ApiError::unavailable())
+        }
+        Err(_) => {
+            tracing::warn!("readiness check timed out");
+            Err(ApiError::unavailable())
+        }
+    }
+}
+
+/// `/metrics`: refreshes `redrive_jobs{queue,state}` from the store (fleet-wide), then renders.
+pub(crate) async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let Some(handle) = &state.inner.prometheus else {
+        return Err(ApiError::not_found("no Prometheus recorder is installed"));
+    };
+    let counts = state.inner.store.counts().await?;
+    let mut queues: BTreeSet<String> = counts.iter().map(|c| c.queue.clone()).collect();
+    {
+        let mut seen = state
+            .inner
+            .seen_queues
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        seen.extend(queues.iter().cloned());
+        queues.clone_from(&seen);
+    }
+    for q in &queues {
+        for s in JobState::ALL {
+            let n = counts
+                .iter()
+                .find(|c| &c.queue == q && c.state == s)
+                .map_or(0, |c| c.count);
+            metrics::gauge!("redrive_jobs", "queue" => q.clone(), "state" => s.as_str())
+                .set(n as f64);
+        }
+    }
+    let body = handle.render();
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        )],
+        body,
+    )
+        .into_response())
+}
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
+    }
+}
+
+/// The OpenAPI document of the API, generated from the handlers and views.
+#[derive(Debug, OpenApi)]
+#[openapi(
+    info(
+        title = "redrive",
+        description = "A durable job queue and retry engine for payment workers: enqueue jobs \
+            (e.g. outbound HTTP calls), list, inspect, replay and cancel them, and watch the \
+            fleet's breakers. Errors are application/problem+json with `field` and `value`."
+    ),
+    paths(create_job, list_jobs, get_job, replay_job, cancel_job, stats, breakers, healthz, readyz),
+    components(schemas(
+        EnqueueRequest, EnqueueResponse, JobView, AttemptView, JobPage, JobDetail, StateName,
+        CountView, BreakerView, TransitionView, BreakersResponse, StatsResponse, Health, ProblemBody
+    )),
+    modifiers(&BearerAuth),
+    security(("bearer" = [])),
+    tags(
+        (name = "jobs", description = "Enqueue, list, inspect, replay, cancel"),
+        (name = "fleet", description = "Counts and circuit breakers"),
+        (name = "health", description = "Liveness and readiness"),
+    )
+)]
+pub struct ApiDoc;
+
+/// The document as served: [`ApiDoc`] plus what only the running service knows (the policy
+/// names it accepts) and what the derive cannot say (`delay` and `run_at` exclude each other).
+pub fn openapi_document(policies: &redrive_policy::PolicySet) -> Value {
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
+    if let Some(req) = doc.pointer_mut("/components/schemas/EnqueueRequest")
+        && let Some(obj) = req.as_object_mut()
+    {
+        if let Some(policy) = obj
+            .get_mut("properties")
+            .and_then(|p| p.get_mut("policy"))
+            .and_then(Value::as_object_mut)
+        {
+            let mut names: Vec<Value> = policies.names().map(Value::from).collect();
+            names.push(Value::Null);
+            policy.insert("enum".into(), Value::Array(names));
+        }
+        obj.insert(
+            "not".into(),
+            serde_json::json!({
+                "properties": {"delay": {"type": "string"}, "run_at": {"type": "string"}},
+                "required": ["delay", "run_at"]
+            }),
+        );
+    }
+    if let Some(params) = doc
+        .pointer_mut("/paths/~1v1~1jobs/post/parameters")
+        .and_then(Value::as_array_mut)
+    {
+        for p in params {
+            if p["name"] == "Idempotency-Key" {
+                p["schema"] = serde_json::json!({
+                    "type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!#-\\[\\]-~]+$"
+                });
+            }
+        }
+    }
+    doc
+}
+
+/// `/openapi.json`.
+pub(crate) async fn openapi(State(state): State<AppState>) -> Json<Value> {
+    Json(openapi_document(&state.inner.policies))
+}

@@ -1,0 +1,141 @@
+//! The router and the listening loop.
+
+use std::future::Future;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::handler::Handler;
+use axum::http::{StatusCode, header};
+use axum::middleware;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+use crate::error::{ApiError, PROBLEM_JSON, ServiceError};
+use crate::state::{AppState, MAX_BODY_BYTES, ServiceConfig};
+use crate::{api, auth, dashboard};
+
+/// The whole application: `/v1` (behind the bearer token, if one is configured), `/metrics`,
+/// `/healthz`, `/readyz`, `/openapi.json` and the dashboard.
+pub fn app(state: AppState) -> Router {
+    // On the handler, not the method router: the layer must not see other methods (405).
+    let enqueue = post(api::create_job.layer(state.inner.idempotency.clone()));
+    let v1 = Router::new()
+        .route("/v1/jobs", enqueue.get(api::list_jobs))
+        .route("/v1/jobs/{id}", get(api::get_job))
+        .route("/v1/jobs/{id}/replay", post(api::replay_job))
+        .route("/v1/jobs/{id}/cancel", post(api::cancel_job))
+        .route("/v1/stats", get(api::stats))
+        .route("/v1/breakers", get(api::breakers))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_bearer,
+        ));
+    Router::new()
+        .merge(v1)
+        .merge(dashboard::routes(state.clone()))
+        .route("/metrics", get(api::metrics))
+        .route("/healthz", get(api::healthz))
+        .route("/readyz", get(api::readyz))
+        .route("/openapi.json", get(api::openapi))
+        .fallback(not_found)
+        .layer(middleware::map_response(problem_for_bare_errors))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("no such page; see / for the dashboard and /openapi.json for the API")
+}
+
+/// axum answers some errors itself (405, a bad path, a body rejection) with a plain body;
+/// turn every such 4xx/5xx into problem+json so clients see one error format.
+async fn problem_for_bare_errors(res: Response) -> Response {
+    let status = res.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return res;
+    }
+    let typed = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with(PROBLEM_JSON) || v.starts_with("text/html"));
+    if typed {
+        return res;
+    }
+    let allow = res.headers().get(header::ALLOW).cloned();
+    let (slug, title) = match status {
+        StatusCode::METHOD_NOT_ALLOWED => ("method-not-allowed", "Method not allowed"),
+        StatusCode::PAYLOAD_TOO_LARGE => ("body-too-large", "The request body is too large"),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => ("unsupported-media-type", "Unsupported media type"),
+        s if s.is_server_error() => ("internal", "Internal error"),
+        _ => ("bad-request", "Bad request"),
+    };
+    let detail = match status {
+        StatusCode::METHOD_NOT_ALLOWED => {
+            "this route does not take that method; see /openapi.json".to_owned()
+        }
+        StatusCode::PAYLOAD_TOO_LARGE => format!("the body is larger than {MAX_BODY_BYTES} bytes"),
+        s => s.canonical_reason().unwrap_or("error").to_lowercase(),
+    };
+    let mut out = ApiError::new(status, slug, title, detail).into_response();
+    if let Some(a) = allow {
+        out.headers_mut().insert(header::ALLOW, a);
+    }
+    out
+}
+
+fn is_loopback(addr: &std::net::SocketAddr) -> bool {
+    addr.ip().is_loopback()
+}
+
+/// Binds `config.addr`, prints `listening on http://ADDR` (the bound address, so port 0 shows
+/// the port picked) and serves until `shutdown` completes, then finishes in-flight requests.
+///
+/// # Errors
+/// [`ServiceError::TokenRequired`] for a non-loopback address without a token (nothing is
+/// bound); [`ServiceError::Bind`], [`ServiceError::Serve`], and the errors of
+/// [`AppState::new`].
+pub async fn serve(
+    config: ServiceConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServiceError> {
+    if config.app.token.is_none() && !is_loopback(&config.addr) {
+        return Err(ServiceError::TokenRequired { addr: config.addr });
+    }
+    let state = AppState::new(config.store, config.app).await?;
+    let listener = tokio::net::TcpListener::bind(config.addr)
+        .await
+        .map_err(|source| ServiceError::Bind {
+            addr: config.addr,
+            source,
+        })?;
+    serve_listener(listener, state, shutdown).await
+}
+
+/// Serves `state` on an already bound listener (tests bind 127.0.0.1:0 themselves), printing
+/// `listening on http://ADDR`, until `shutdown` completes; expired idempotency records are
+/// reaped meanwhile.
+///
+/// # Errors
+/// [`ServiceError::Serve`] when the listener fails.
+pub async fn serve_listener(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServiceError> {
+    let local = listener.local_addr().map_err(ServiceError::Serve)?;
+    // Expired idempotency records are deleted while the service runs.
+    let reaper = redrive_http::idempotency::spawn_reaper(
+        state.inner.idempotency.store().clone(),
+        redrive_http::idempotency::DEFAULT_REAP_INTERVAL,
+        redrive_http::idempotency::DEFAULT_REAP_BATCH,
+    );
+    println!("listening on http://{local}");
+    tracing::info!(%local, "redrive serve listening");
+    let served = axum::serve(listener, app(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(ServiceError::Serve);
+    reaper.abort();
+    served
+}

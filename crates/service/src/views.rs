@@ -1,0 +1,409 @@
+//! The JSON shapes of the API (and their OpenAPI schemas). Jobs leave the service only through
+//! [`JobView`], whose payload has gone through [`redrive_http::redact_payload`].
+
+use chrono::{DateTime, Utc};
+use redrive_store::{Attempt, Dependency, DependencyEvent, Job, JobState, QueueCount, Timestamp};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+
+/// A job's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StateName {
+    /// Waiting for its first run, in the future.
+    Scheduled,
+    /// Ready to be claimed.
+    Available,
+    /// Leased to a worker.
+    Running,
+    /// Waiting after a failure, a rate limit or an open breaker.
+    Deferred,
+    /// Done.
+    Succeeded,
+    /// In the dead-letter table.
+    Dead,
+    /// Cancelled.
+    Cancelled,
+}
+
+impl From<JobState> for StateName {
+    fn from(s: JobState) -> Self {
+        match s {
+            JobState::Scheduled => Self::Scheduled,
+            JobState::Available => Self::Available,
+            JobState::Running => Self::Running,
+            JobState::Deferred => Self::Deferred,
+            JobState::Succeeded => Self::Succeeded,
+            JobState::Dead => Self::Dead,
+            JobState::Cancelled => Self::Cancelled,
+        }
+    }
+}
+
+/// A job as the API shows it (payload redacted).
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct JobView {
+    /// Id (increasing in enqueue order).
+    pub id: i64,
+    /// Queue.
+    pub queue: String,
+    /// Kind (which handler runs it).
+    pub kind: String,
+    /// Payload, with secret header values replaced by `[redacted]`.
+    pub payload: Value,
+    /// Idempotency key.
+    pub key: Option<String>,
+    /// Dependency (breaker) name.
+    pub dependency: Option<String>,
+    /// Priority (lower first).
+    pub priority: i32,
+    /// State.
+    pub state: StateName,
+    /// Attempts counted in this run.
+    pub attempts: u32,
+    /// Unclassified errors in this run.
+    pub exceptions: u32,
+    /// Defer-phase runs in this run.
+    pub defers: u32,
+    /// 401s in a row.
+    pub consecutive_auth: u32,
+    /// Previous jittered delay, milliseconds.
+    pub prev_delay_ms: Option<u64>,
+    /// Attempts allowed.
+    pub max_attempts: u32,
+    /// Retry policy name.
+    pub policy: String,
+    /// Next run.
+    pub run_at: DateTime<Utc>,
+    /// First attempt of this run.
+    pub first_attempt_at: Option<DateTime<Utc>>,
+    /// Total time allowed, milliseconds.
+    pub ttl_ms: Option<u64>,
+    /// Absolute deadline.
+    pub deadline: Option<DateTime<Utc>>,
+    /// Worker holding the lease.
+    pub lease_owner: Option<String>,
+    /// Fencing token of the latest claim.
+    pub lease_token: i64,
+    /// When the lease ends.
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    /// Why it is deferred.
+    pub defer_reason: Option<String>,
+    /// Why it died.
+    pub dead_reason: Option<String>,
+    /// The last error.
+    pub last_error: Option<String>,
+    /// The result stored on success.
+    pub result: Option<Value>,
+    /// Times replayed.
+    pub replays: u32,
+    /// Enqueued.
+    pub created_at: DateTime<Utc>,
+    /// Last change.
+    pub updated_at: DateTime<Utc>,
+    /// Finished.
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+impl From<Job> for JobView {
+    fn from(j: Job) -> Self {
+        Self {
+            payload: redrive_http::redact_payload(&j.payload),
+            id: j.id,
+            queue: j.queue,
+            kind: j.kind,
+            key: j.key,
+            dependency: j.dependency,
+            priority: j.priority,
+            state: j.state.into(),
+            attempts: j.attempts,
+            exceptions: j.exceptions,
+            defers: j.defers,
+            consecutive_auth: j.consecutive_auth,
+            prev_delay_ms: j.prev_delay_ms,
+            max_attempts: j.max_attempts,
+            policy: j.policy,
+            run_at: j.run_at,
+            first_attempt_at: j.first_attempt_at,
+            ttl_ms: j.ttl_ms,
+            deadline: j.deadline,
+            lease_owner: j.lease_owner,
+            lease_token: j.lease_token,
+            lease_expires_at: j.lease_expires_at,
+            defer_reason: j.defer_reason,
+            dead_reason: j.dead_reason,
+            last_error: j.last_error,
+            result: j.result,
+            replays: j.replays,
+            created_at: j.created_at,
+            updated_at: j.updated_at,
+            finished_at: j.finished_at,
+        }
+    }
+}
+
+/// One attempt of a job.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct AttemptView {
+    /// Id.
+    pub id: i64,
+    /// The job.
+    pub job_id: i64,
+    /// Attempt number within its run (1-based).
+    pub number: u32,
+    /// Which run (0: the first; each replay adds one).
+    pub replay: u32,
+    /// Fencing token of the claim that made it.
+    pub lease_token: i64,
+    /// Worker.
+    pub worker: Option<String>,
+    /// Start.
+    pub started_at: DateTime<Utc>,
+    /// How long the call took, milliseconds.
+    pub duration_ms: u64,
+    /// Failure class (`success`, `permanent`, …).
+    pub class: String,
+    /// HTTP status, if any.
+    pub http_status: Option<u16>,
+    /// Error text.
+    pub error: Option<String>,
+    /// Delay chosen after it, milliseconds.
+    pub delay_ms: Option<u64>,
+    /// `retry` (slept in process) or `defer` (back to the queue).
+    pub mode: Option<String>,
+    /// Whether it counted against `max_attempts`.
+    pub counted: bool,
+}
+
+impl From<Attempt> for AttemptView {
+    fn from(a: Attempt) -> Self {
+        Self {
+            id: a.id,
+            job_id: a.job_id,
+            number: a.number,
+            replay: a.replay,
+            lease_token: a.lease_token,
+            worker: a.worker,
+            started_at: a.started_at,
+            duration_ms: a.duration_ms,
+            class: a.class,
+            http_status: a.http_status,
+            error: a.error,
+            delay_ms: a.delay_ms,
+            mode: a.mode,
+            counted: a.counted,
+        }
+    }
+}
+
+/// The body of `POST /v1/jobs`: the fields of `redrive enqueue`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EnqueueRequest {
+    /// Queue name.
+    #[schema(
+        min_length = 1,
+        max_length = 255,
+        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]+$"
+    )]
+    pub queue: String,
+    /// Job kind (`http`, `noop`, or one of your own).
+    #[schema(
+        min_length = 1,
+        max_length = 255,
+        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]+$"
+    )]
+    pub kind: String,
+    /// JSON payload (default `{}`); for `http`: `{method, url, headers?, body?, timeout_ms?}`.
+    #[serde(default)]
+    pub payload: Option<Value>,
+    /// Idempotency key, unique per queue (default: the `Idempotency-Key` header).
+    #[schema(
+        min_length = 1,
+        max_length = 255,
+        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]+$"
+    )]
+    pub key: Option<String>,
+    /// Run after this delay (`250ms`, `30s`, `5m`, `1h`; at most 365 days); not with `run_at`.
+    #[schema(pattern = "^[0-9]{1,6}(ms|s|m|h)$")]
+    pub delay: Option<String>,
+    /// Run at this RFC 3339 time; not with `delay`.
+    pub run_at: Option<DateTime<Utc>>,
+    /// Retry policy name (default `payment`).
+    #[schema(min_length = 1, max_length = 255)]
+    pub policy: Option<String>,
+    /// Dependency (breaker) name; `http` jobs default to the URL's host.
+    #[schema(
+        min_length = 1,
+        max_length = 255,
+        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]+$"
+    )]
+    pub dependency: Option<String>,
+    /// Priority: lower runs first (default 0).
+    pub priority: Option<i32>,
+    /// Attempts allowed (default: the policy's), 1..=10000.
+    #[schema(minimum = 1, maximum = 10000)]
+    pub max_attempts: Option<u32>,
+}
+
+/// What `POST /v1/jobs` did.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct EnqueueResponse {
+    /// False when a job with the same queue and key already existed and is returned instead.
+    pub created: bool,
+    /// The job.
+    pub job: JobView,
+}
+
+/// Query of `GET /v1/jobs`.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Only jobs in this state.
+    pub state: Option<StateName>,
+    /// Only jobs of this queue.
+    pub queue: Option<String>,
+    /// At most this many (1..=1000, default 50).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<u32>,
+    /// Only jobs with a greater id: the `next` of the previous page.
+    #[param(minimum = 0)]
+    pub after: Option<i64>,
+}
+
+/// A page of jobs.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct JobPage {
+    /// Jobs, by id.
+    pub jobs: Vec<JobView>,
+    /// Pass as `after` for the next page; `null` on the last page.
+    pub next: Option<i64>,
+}
+
+/// One job with every attempt.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct JobDetail {
+    /// The job.
+    pub job: JobView,
+    /// Its attempts, oldest first (across replays).
+    pub attempts: Vec<AttemptView>,
+}
+
+/// Jobs of one queue in one state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct CountView {
+    /// Queue.
+    pub queue: String,
+    /// State.
+    pub state: StateName,
+    /// Jobs.
+    pub count: u64,
+}
+
+impl From<QueueCount> for CountView {
+    fn from(c: QueueCount) -> Self {
+        Self {
+            queue: c.queue,
+            state: c.state.into(),
+            count: c.count,
+        }
+    }
+}
+
+/// A breaker transition.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct TransitionView {
+    /// When.
+    pub at: DateTime<Utc>,
+    /// From state.
+    pub from: String,
+    /// To state.
+    pub to: String,
+    /// Why.
+    pub reason: String,
+}
+
+impl From<DependencyEvent> for TransitionView {
+    fn from(e: DependencyEvent) -> Self {
+        Self {
+            at: e.at,
+            from: e.from,
+            to: e.to,
+            reason: e.reason,
+        }
+    }
+}
+
+/// A dependency's breaker and pause, as the fleet shares them.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct BreakerView {
+    /// Dependency name.
+    pub name: String,
+    /// `closed`, `open` or `half_open`.
+    pub state: String,
+    /// While open: when probes may start.
+    pub open_until: Option<DateTime<Utc>>,
+    /// When the next probe may run (open: `open_until`; half-open with permits: now).
+    pub next_probe_at: Option<DateTime<Utc>>,
+    /// Probe calls left in half-open.
+    pub probe_permits: u32,
+    /// Paused (after a `Retry-After`) until then.
+    pub paused_until: Option<DateTime<Utc>>,
+    /// Why it is paused.
+    pub pause_reason: Option<String>,
+    /// Last change.
+    pub updated_at: DateTime<Utc>,
+    /// Recent transitions, newest first.
+    pub recent_transitions: Vec<TransitionView>,
+}
+
+impl BreakerView {
+    /// The view of `d` at `now` with its recent transitions.
+    pub fn new(d: Dependency, now: Timestamp, transitions: Vec<TransitionView>) -> Self {
+        let next_probe_at = match d.state.as_str() {
+            "open" => Some(d.open_until.unwrap_or(now)),
+            "half_open" if d.probe_permits > 0 => Some(now),
+            _ => None,
+        };
+        Self {
+            name: d.name,
+            state: d.state,
+            open_until: d.open_until,
+            next_probe_at,
+            probe_permits: d.probe_permits,
+            paused_until: d.paused_until.filter(|t| *t > now),
+            pause_reason: d
+                .pause_reason
+                .filter(|_| d.paused_until.is_some_and(|t| t > now)),
+            updated_at: d.updated_at,
+            recent_transitions: transitions,
+        }
+    }
+}
+
+/// `GET /v1/breakers`.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct BreakersResponse {
+    /// Every known dependency, by name.
+    pub breakers: Vec<BreakerView>,
+}
+
+/// `GET /v1/stats`.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct StatsResponse {
+    /// Jobs per queue and state (only non-zero counts).
+    pub counts: Vec<CountView>,
+    /// Breakers.
+    pub breakers: Vec<BreakerView>,
+}
+
+/// `GET /healthz` and `GET /readyz`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct Health {
+    /// `ok`, or `unavailable`.
+    pub status: String,
+    /// The store backend (`sqlite` or `postgres`), for `/readyz`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+}

@@ -1,0 +1,360 @@
+//! The dashboard's HTML: counts, dead groups, the attempt timeline, redaction, the bulk
+//! actions with their confirmation step, CSRF and the login cookie.
+
+mod support;
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use redrive_service::AppConfig;
+use redrive_store::{JobState, NewJob};
+use serde_json::json;
+use support::*;
+
+fn form(uri: &str, body: &str, origin: Option<&str>) -> Request<Body> {
+    let mut b = Request::post(uri)
+        .header("host", "localhost:8080")
+        .header("content-type", "application/x-www-form-urlencoded");
+    if let Some(o) = origin {
+        b = b.header("origin", o);
+    }
+    b.body(Body::from(body.to_owned())).unwrap()
+}
+
+const SAME: Option<&str> = Some("http://localhost:8080");
+
+#[tokio::test]
+async fn overview_shows_counts_per_queue_and_state_and_dead_reasons() {
+    let h = sqlite(AppConfig::default()).await;
+    let now = chrono::Utc::now();
+    for _ in 0..4 {
+        h.store
+            .enqueue(&NewJob::new("payments", "noop", json!({})), now)
+            .await
+            .unwrap();
+    }
+    for _ in 0..2 {
+        dead_job(&h.store, "refunds", json!({}), "declined").await;
+    }
+    let r = send(&h.app(), get("/")).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(r.header("content-type").unwrap().starts_with("text/html"));
+    let html = &r.body;
+    // The queue rows carry the counts as links to the filtered lists.
+    assert!(
+        html.contains(
+            r#"<a class="state-available" href="/jobs?queue=payments&amp;state=available">4</a>"#
+        ),
+        "{html}"
+    );
+    assert!(
+        html.contains(r#"<a class="state-dead" href="/jobs?queue=refunds&amp;state=dead">2</a>"#),
+        "{html}"
+    );
+    assert!(
+        html.contains(r#"<td class="n" data-reason="permanent">2</td>"#),
+        "{html}"
+    );
+    // The chart saw the two permanent attempts.
+    assert!(html.contains(r#"data-class="permanent""#), "{html}");
+    assert!(html.contains("permanent (2)"), "{html}");
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn jobs_list_filters_and_pages() {
+    let h = sqlite(AppConfig::default()).await;
+    let now = chrono::Utc::now();
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(
+            h.store
+                .enqueue(&NewJob::new("a", "noop", json!({})), now)
+                .await
+                .unwrap()
+                .job
+                .id,
+        );
+    }
+    h.store
+        .enqueue(&NewJob::new("b", "noop", json!({})), now)
+        .await
+        .unwrap();
+    let r = send(&h.app(), get("/jobs?queue=a&limit=3")).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.body.matches("<tr data-id=").count(), 3, "{}", r.body);
+    let next = format!("/jobs?queue=a&amp;limit=3&amp;after={}", ids[2]);
+    assert!(r.body.contains(&next), "{}", r.body);
+    let r2 = send(&h.app(), get(&next.replace("&amp;", "&"))).await;
+    assert_eq!(r2.body.matches("<tr data-id=").count(), 2, "{}", r2.body);
+    assert!(!r2.body.contains("next-page"));
+    let bad = send(&h.app(), get("/jobs?state=nope")).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert!(bad.body.contains("state"), "{}", bad.body);
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn job_page_shows_the_attempt_timeline_and_redacts_secrets() {
+    let h = sqlite(AppConfig::default()).await;
+    let id = dead_job(
+        &h.store,
+        "pay",
+        json!({"method": "POST", "url": "https://psp.test/c", "headers": {"Authorization": "Bearer sk_live_abc", "Cookie": "sid=zzz"}}),
+        "card declined (code 51)",
+    )
+    .await;
+    let r = send(&h.app(), get(&format!("/jobs/{id}"))).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let html = &r.body;
+    assert!(!html.contains("sk_live_abc"), "{html}");
+    assert!(!html.contains("sid=zzz"), "{html}");
+    assert!(html.contains("[redacted]"));
+    assert!(
+        html.contains(r#"<ol class="timeline" id="attempts">"#),
+        "{html}"
+    );
+    assert_eq!(
+        html.matches(r#"data-class="permanent""#).count(),
+        1,
+        "{html}"
+    );
+    assert!(
+        html.contains("<code>card declined (code 51)</code>"),
+        "{html}"
+    );
+    assert!(html.contains("fencing token 1"), "{html}");
+    assert!(
+        html.contains(r#"id="replay""#),
+        "a dead job can be replayed"
+    );
+    assert!(
+        !html.contains(r#"id="cancel""#),
+        "a dead job cannot be cancelled"
+    );
+
+    // Replay from the page: back to available, with the history kept.
+    let r = send(&h.app(), form(&format!("/jobs/{id}/replay"), "", SAME)).await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.body);
+    let j = h.store.get(id).await.unwrap().unwrap();
+    assert_eq!(j.state, JobState::Available);
+    let page = send(&h.app(), get(&format!("/jobs/{id}"))).await.body;
+    assert!(page.contains(r#"id="cancel""#));
+    let r = send(&h.app(), form(&format!("/jobs/{id}/cancel"), "", SAME)).await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER);
+    assert_eq!(
+        h.store.get(id).await.unwrap().unwrap().state,
+        JobState::Cancelled
+    );
+    let missing = send(&h.app(), get("/jobs/9999")).await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn dead_page_groups_by_reason_and_signature_and_replays_in_bulk() {
+    let h = sqlite(AppConfig::default()).await;
+    let mut declined = Vec::new();
+    for _ in 0..3 {
+        declined.push(dead_job(&h.store, "pay", json!({}), "charge ch_12345678 declined").await);
+    }
+    // Different ids, the same signature: one group.
+    let other = h
+        .store
+        .enqueue(&NewJob::new("pay", "other", json!({})), chrono::Utc::now())
+        .await
+        .unwrap()
+        .job
+        .id;
+    work(
+        &h.store,
+        "pay",
+        "other",
+        Arc::new(Fails("psp said 400 bad amount")),
+    )
+    .await;
+
+    let r = send(&h.app(), get("/dead")).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let html = &r.body;
+    assert!(
+        html.contains(r#"<strong id="dead-total">4</strong>"#),
+        "{html}"
+    );
+    assert!(
+        html.contains(r#"data-reason="permanent" data-count="3""#),
+        "{html}"
+    );
+    assert!(html.contains("charge &lt;id&gt; declined"), "{html}");
+    assert!(html.contains("psp said N bad amount"), "{html}");
+    for id in &declined {
+        assert!(
+            html.contains(&format!(r#"name="ids" value="{id}""#)),
+            "{html}"
+        );
+    }
+
+    // A selection is replayed at once.
+    let r = send(
+        &h.app(),
+        form(
+            "/dead/replay",
+            &format!("ids={}&ids={}", declined[0], declined[1]),
+            SAME,
+        ),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(r.body.contains("Replayed 2 dead jobs."), "{}", r.body);
+    // All: a confirmation first, nothing done yet.
+    let r = send(&h.app(), form("/dead/replay", "all=1", SAME)).await;
+    assert!(r.body.contains("Replay all 2 dead jobs?"), "{}", r.body);
+    assert_eq!(
+        h.store.get(declined[2]).await.unwrap().unwrap().state,
+        JobState::Dead
+    );
+    let r = send(&h.app(), form("/dead/replay", "all=1&confirm=yes", SAME)).await;
+    assert!(r.body.contains("Replayed 2 dead jobs."), "{}", r.body);
+    assert_eq!(
+        h.store.get(other).await.unwrap().unwrap().state,
+        JobState::Available
+    );
+
+    // Purge always asks first.
+    work(
+        &h.store,
+        "pay",
+        "other",
+        Arc::new(Fails("psp said 400 bad amount")),
+    )
+    .await;
+    let r = send(&h.app(), form("/dead/purge", &format!("ids={other}"), SAME)).await;
+    assert!(r.body.contains("Purge 1 selected dead job?"), "{}", r.body);
+    assert!(h.store.get(other).await.unwrap().is_some());
+    let r = send(
+        &h.app(),
+        form("/dead/purge", &format!("ids={other}&confirm=yes"), SAME),
+    )
+    .await;
+    assert!(r.body.contains("Purged 1 dead job."), "{}", r.body);
+    assert!(h.store.get(other).await.unwrap().is_none());
+
+    let r = send(&h.app(), form("/dead/replay", "", SAME)).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    let r = send(&h.app(), form("/dead/replay", "ids=abc", SAME)).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn posts_from_another_origin_are_refused() {
+    let h = sqlite(AppConfig::default()).await;
+    let id = dead_job(&h.store, "pay", json!({}), "declined").await;
+    for origin in [
+        None,
+        Some("http://evil.test"),
+        Some("http://localhost:9999"),
+    ] {
+        let r = send(&h.app(), form(&format!("/jobs/{id}/replay"), "", origin)).await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "{origin:?}: {}", r.body);
+        let r = send(&h.app(), form("/dead/replay", "all=1&confirm=yes", origin)).await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "{origin:?}");
+    }
+    // A Referer from this host is enough.
+    let mut req = form(&format!("/jobs/{id}/replay"), "", None);
+    req.headers_mut()
+        .insert("referer", "http://localhost:8080/dead".parse().unwrap());
+    assert_eq!(send(&h.app(), req).await.status, StatusCode::SEE_OTHER);
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn with_a_token_the_dashboard_needs_the_login_cookie() {
+    let h = sqlite(AppConfig {
+        token: Some("tok-123".into()),
+        ..Default::default()
+    })
+    .await;
+    let r = send(&h.app(), get("/dead?queue=x")).await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER);
+    assert_eq!(
+        r.header("location"),
+        Some("/login?next=%2Fdead%3Fqueue%3Dx")
+    );
+    let login = send(&h.app(), get("/login?next=/dead")).await;
+    assert!(login.body.contains(r#"type="password""#));
+
+    let bad = send(&h.app(), form("/login", "token=nope&next=%2Fdead", SAME)).await;
+    assert_eq!(bad.status, StatusCode::UNAUTHORIZED);
+    assert!(bad.header("set-cookie").is_none());
+    let csrf = send(
+        &h.app(),
+        form("/login", "token=tok-123", Some("http://evil.test")),
+    )
+    .await;
+    assert_eq!(csrf.status, StatusCode::FORBIDDEN);
+
+    let ok = send(&h.app(), form("/login", "token=tok-123&next=%2Fdead", SAME)).await;
+    assert_eq!(ok.status, StatusCode::SEE_OTHER);
+    assert_eq!(ok.header("location"), Some("/dead"));
+    let cookie = ok.header("set-cookie").unwrap().to_owned();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    assert!(
+        !cookie.contains("tok-123"),
+        "the cookie is not the token itself"
+    );
+    let pair = cookie.split(';').next().unwrap().to_owned();
+    let req = Request::get("/dead")
+        .header("cookie", &pair)
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(&h.app(), req).await.status, StatusCode::OK);
+    let forged = Request::get("/dead")
+        .header("cookie", "redrive_session=00")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(&h.app(), forged).await.status, StatusCode::SEE_OTHER);
+    // An open redirect through `next` is not possible.
+    let ok = send(
+        &h.app(),
+        form("/login", "token=tok-123&next=%2F%2Fevil.test", SAME),
+    )
+    .await;
+    assert_eq!(ok.header("location"), Some("/"));
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn breakers_page_shows_state_next_probe_and_transitions() {
+    let h = sqlite(AppConfig::default()).await;
+    let now = chrono::Utc::now();
+    h.store
+        .set_breaker(&redrive_store::BreakerUpdate {
+            dependency: "psp.test".into(),
+            expect: None,
+            state: "open".into(),
+            open_until: Some(now + chrono::Duration::seconds(45)),
+            probe_permits: 0,
+            reason: "failure rate 90%".into(),
+            now,
+        })
+        .await
+        .unwrap();
+    let r = send(&h.app(), get("/breakers")).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(
+        r.body.contains(r#"<tr data-name="psp.test">"#),
+        "{}",
+        r.body
+    );
+    assert!(r.body.contains(r#"<span class="state-open">open</span>"#));
+    assert!(r.body.contains("in 4"), "next probe in 44-45 s: {}", r.body);
+    assert!(r.body.contains("failure rate 90%"));
+    let o = send(&h.app(), get("/")).await;
+    assert!(o.body.contains("1 open"), "{}", o.body);
+    h.cleanup().await;
+}

@@ -1,0 +1,295 @@
+//! The dashboard's read-only queries (`insights`), on both backends. The PostgreSQL run uses
+//! `REDRIVE_TEST_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`), one fresh
+//! schema per test; it fails, not skips, when `CI=true` and the server is unreachable.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use chrono::Utc;
+use redrive_policy::{DeadReason, FailureClass, JobCounters};
+use redrive_store::*;
+use serde_json::json;
+
+struct Harness {
+    store: Store,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Harness {
+    async fn cleanup(self) {
+        if let Store::Postgres(pg) = &self.store {
+            pg.drop_schema().await.expect("drop schema");
+        }
+    }
+}
+
+async fn sqlite() -> Option<Harness> {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("q.db").display());
+    Some(Harness {
+        store: Store::connect(&url).await.expect("sqlite store"),
+        _dir: Some(dir),
+    })
+}
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+async fn postgres() -> Option<Harness> {
+    let url = std::env::var("REDRIVE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let schema = format!(
+        "rdi_{}_{}_{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed),
+        Utc::now().timestamp_micros() % 1_000_000
+    );
+    match PgStore::connect(&url, Some(&schema), 4).await {
+        Ok(pg) => Some(Harness {
+            store: Store::Postgres(pg),
+            _dir: None,
+        }),
+        Err(e) => {
+            if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+                panic!("PostgreSQL at {url} is unreachable and CI=true: {e}");
+            }
+            eprintln!("skipping: PostgreSQL at {url} is unreachable: {e}");
+            None
+        }
+    }
+}
+
+const T0: i64 = 1_800_000_000_000;
+
+fn ms(t: i64) -> Timestamp {
+    from_millis(t)
+}
+
+/// Enqueues one job on `queue`, claims it at `at` and ends its only attempt with `class`,
+/// `error` and `transition`.
+async fn run_once(
+    s: &Store,
+    queue: &str,
+    class: FailureClass,
+    error: Option<&str>,
+    transition: Transition,
+    at: Timestamp,
+) -> JobId {
+    let id = s
+        .enqueue(&NewJob::new(queue, "noop", json!({})), at)
+        .await
+        .unwrap()
+        .job
+        .id;
+    let job = s
+        .claim(&ClaimParams {
+            queues: vec![queue.into()],
+            worker: "w".into(),
+            limit: 1,
+            lease: Duration::from_secs(30),
+            now: at,
+        })
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(job.id, id);
+    s.complete(&Completion {
+        lease: job.lease(),
+        attempt: Some(NewAttempt {
+            worker: Some("w".into()),
+            started_at: at,
+            duration: Duration::from_millis(3),
+            class,
+            http_status: None,
+            error: error.map(str::to_owned),
+            counted: true,
+        }),
+        counters: JobCounters {
+            attempts: 1,
+            first_attempt_at: Some(at),
+            ..job.counters()
+        },
+        transition,
+        error: error.map(str::to_owned),
+        now: at,
+    })
+    .await
+    .unwrap();
+    id
+}
+
+fn dead(reason: DeadReason) -> Transition {
+    Transition::Dead { reason }
+}
+
+mod cases {
+    use super::*;
+
+    pub(super) async fn attempt_rate_buckets_by_second_and_class(s: &Store) {
+        let ok = || Transition::Succeeded { result: json!(1) };
+        // Two successes in second 0, one at 999 ms (still second 0), one in second 2,
+        // one infrastructure failure in second 2, and one outside the window.
+        run_once(s, "a", FailureClass::Success, None, ok(), ms(T0)).await;
+        run_once(s, "a", FailureClass::Success, None, ok(), ms(T0 + 999)).await;
+        run_once(s, "a", FailureClass::Success, None, ok(), ms(T0 + 2_500)).await;
+        run_once(
+            s,
+            "b",
+            FailureClass::Infrastructure,
+            Some("503"),
+            dead(DeadReason::AttemptsExhausted),
+            ms(T0 + 2_001),
+        )
+        .await;
+        run_once(s, "a", FailureClass::Success, None, ok(), ms(T0 + 60_000)).await;
+
+        let got = s
+            .attempt_rate(ms(T0), ms(T0 + 60_000), Duration::from_secs(1))
+            .await
+            .unwrap();
+        let flat: Vec<(i64, &str, u64)> = got
+            .iter()
+            .map(|b| (b.start.timestamp_millis() - T0, b.class.as_str(), b.count))
+            .collect();
+        assert_eq!(
+            flat,
+            vec![
+                (0, "success", 2),
+                (2_000, "infrastructure", 1),
+                (2_000, "success", 1)
+            ]
+        );
+        assert!(matches!(
+            s.attempt_rate(ms(T0), ms(T0), Duration::ZERO).await,
+            Err(StoreError::Invalid {
+                field: "bucket",
+                ..
+            })
+        ));
+        assert!(matches!(
+            s.attempt_rate(ms(T0 + 1), ms(T0), Duration::from_secs(1))
+                .await,
+            Err(StoreError::Invalid { field: "to", .. })
+        ));
+    }
+
+    pub(super) async fn dead_reasons_and_groups(s: &Store) {
+        let mut declined = Vec::new();
+        for (i, q) in ["a", "a", "b"].into_iter().enumerate() {
+            let err = format!("charge ch_{i}f3a9b2c1d declined (code 51)");
+            declined.push(
+                run_once(
+                    s,
+                    q,
+                    FailureClass::Permanent,
+                    Some(&err),
+                    dead(DeadReason::Permanent),
+                    ms(T0 + i as i64),
+                )
+                .await,
+            );
+        }
+        let exhausted = run_once(
+            s,
+            "a",
+            FailureClass::Infrastructure,
+            Some("HTTP 503 after 1200ms"),
+            dead(DeadReason::AttemptsExhausted),
+            ms(T0 + 10),
+        )
+        .await;
+        // A succeeded job is no dead job.
+        run_once(
+            s,
+            "a",
+            FailureClass::Success,
+            None,
+            Transition::Succeeded { result: json!(1) },
+            ms(T0 + 11),
+        )
+        .await;
+
+        let reasons = s.dead_reasons().await.unwrap();
+        assert_eq!(
+            reasons,
+            vec![
+                DeadReasonCount {
+                    reason: "permanent".into(),
+                    count: 3
+                },
+                DeadReasonCount {
+                    reason: "attempts_exhausted".into(),
+                    count: 1
+                },
+            ]
+        );
+
+        let groups = s.dead_groups(None, 2).await.unwrap();
+        assert_eq!(groups.len(), 2, "{groups:?}");
+        assert_eq!(groups[0].reason, "permanent");
+        assert_eq!(groups[0].signature, "charge <id> declined (code N)");
+        assert_eq!(groups[0].count, 3);
+        assert_eq!(
+            groups[0].ids,
+            declined[..2].to_vec(),
+            "capped at 2, oldest first"
+        );
+        assert_eq!(groups[0].queues, vec!["a".to_owned(), "b".to_owned()]);
+        assert_eq!(groups[1].reason, "attempts_exhausted");
+        assert_eq!(groups[1].signature, "HTTP N after Nms");
+        assert_eq!(groups[1].ids, vec![exhausted]);
+        assert_eq!(groups[1].example.as_deref(), Some("HTTP 503 after 1200ms"));
+
+        let only_b = s.dead_groups(Some("b"), 10).await.unwrap();
+        assert_eq!(only_b.len(), 1);
+        assert_eq!(only_b[0].ids, vec![declined[2]]);
+        assert!(matches!(
+            s.dead_groups(None, 0).await,
+            Err(StoreError::Invalid {
+                field: "ids_per_group",
+                ..
+            })
+        ));
+    }
+}
+
+macro_rules! both {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    if let Some(h) = super::sqlite().await {
+                        super::cases::$name(&h.store).await;
+                        h.cleanup().await;
+                    }
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    if let Some(h) = super::postgres().await {
+                        super::cases::$name(&h.store).await;
+                        h.cleanup().await;
+                    }
+                }
+            )*
+        }
+    };
+}
+
+both!(
+    attempt_rate_buckets_by_second_and_class,
+    dead_reasons_and_groups
+);
+
+#[test]
+fn error_signature_keeps_words_and_masks_numbers() {
+    assert_eq!(error_signature(""), "");
+    assert_eq!(error_signature("timeout"), "timeout");
+    assert_eq!(
+        error_signature("job 12 of 018f2a6b-7c1d-4e3f: HTTP 429"),
+        "job N of <id>: HTTP N"
+    );
+}
