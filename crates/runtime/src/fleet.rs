@@ -18,9 +18,11 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
 use redrive_policy::{
-    BreakerConfig, BreakerState, CallResult, CircuitBreaker, DeferReason, FailureClass, PolicySet,
-    Timestamp,
+    BreakerConfig, BreakerState, CallResult, CircuitBreaker, DeferReason, FailureClass, Jitter,
+    PolicySet, Timestamp,
 };
 use redrive_store::{BreakerUpdate, Dependency, StoreError};
 
@@ -43,6 +45,11 @@ struct Entry {
     breaker: CircuitBreaker,
     row: Option<Dependency>,
     read_at: Option<tokio::time::Instant>,
+    /// Openings in a row without a close, fleet-wide (each distinct opening counted once:
+    /// by its `open_until`), for the growing cool-down.
+    openings: u32,
+    last_open_until: Option<Timestamp>,
+    rng: SmallRng,
 }
 
 /// The process's view of the fleet's dependencies.
@@ -81,6 +88,9 @@ impl Fleet {
             breaker: CircuitBreaker::new(self.config(dep), self.seed ^ hash(dep)),
             row: None,
             read_at: None,
+            openings: 0,
+            last_open_until: None,
+            rng: SmallRng::seed_from_u64(self.seed ^ hash(dep).rotate_left(7)),
         });
         f(e)
     }
@@ -113,6 +123,14 @@ impl Fleet {
         let t = self.with(dep, |e| {
             let state = state_of(row.as_ref());
             let until = row.as_ref().and_then(|r| r.open_until);
+            match state {
+                BreakerState::Open if until != e.last_open_until => {
+                    e.openings = e.openings.saturating_add(1);
+                    e.last_open_until = until;
+                }
+                BreakerState::Closed => e.openings = 0,
+                _ => {}
+            }
             e.row = row;
             e.read_at = Some(tokio::time::Instant::now());
             e.breaker.observe(state, until, now)
@@ -283,11 +301,27 @@ impl Fleet {
                     }
                 }
                 CallResult::Failure => {
-                    let t = self.with(dep, |e| {
-                        e.breaker.observe(BreakerState::HalfOpen, None, now);
-                        e.breaker.record_result(CallResult::Failure, took, now)
+                    // Reopen with the next, longer cool-down; of several failed probes of one
+                    // round only the first compare-and-set applies.
+                    let (until, n) = self.with(dep, |e| {
+                        let n = e.openings.max(1).saturating_add(1);
+                        let cfg = e.breaker.config().clone();
+                        let nominal = cfg.cooldown(n);
+                        let cooldown = if cfg.cooldown_jitter > 0.0 {
+                            Jitter::Proportional(cfg.cooldown_jitter).apply(
+                                nominal,
+                                nominal,
+                                cfg.cooldown_max,
+                                None,
+                                &mut e.rng,
+                            )
+                        } else {
+                            nominal
+                        };
+                        // Whole milliseconds, as stored, so the re-read row is recognised.
+                        let until = now + chrono::Duration::from_std(cooldown).unwrap_or_default();
+                        (redrive_store::from_millis(until.timestamp_millis()), n)
                     });
-                    let until = t.and_then(|t| t.open_until).unwrap_or(now);
                     let applied = self
                         .publish(
                             dep,
@@ -299,6 +333,11 @@ impl Fleet {
                         )
                         .await?;
                     if applied {
+                        self.with(dep, |e| {
+                            e.openings = n;
+                            e.last_open_until = Some(until);
+                            e.breaker.observe(BreakerState::Open, Some(until), now);
+                        });
                         self.announce(
                             dep,
                             BreakerState::HalfOpen,
@@ -331,6 +370,10 @@ impl Fleet {
                 )
                 .await?;
             if applied {
+                self.with(dep, |e| {
+                    e.openings = 1;
+                    e.last_open_until = t.open_until;
+                });
                 self.announce(dep, BreakerState::Closed, BreakerState::Open, &reason);
             } else {
                 // Someone else changed it first: take the fleet's word.

@@ -120,7 +120,7 @@ fn scenario(a: &DemoArgs) -> Faults {
     }
     Faults {
         error_rate: 0.2,
-        rate_limit: Some(150.0),
+        rate_limit: Some(80.0),
         retry_after: Some(Duration::from_secs(RETRY_AFTER_S)),
         outage: Some(Outage::new(
             Duration::from_secs(OUTAGE.0),
@@ -178,7 +178,7 @@ pub(crate) fn run(_global: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
             );
             if !a.no_faults {
                 println!(
-                    "scenario: 20% 5xx, rate limit 150/s with Retry-After {RETRY_AFTER_S}s, outage {}s..{}s, 5% answers lost after the charge",
+                    "scenario: 20% 5xx, rate limit 80/s with Retry-After {RETRY_AFTER_S}s, outage {}s..{}s, 5% answers lost after the charge",
                     OUTAGE.0,
                     OUTAGE.0 + OUTAGE.1
                 );
@@ -280,10 +280,24 @@ pub(crate) fn run(_global: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
             );
         }
         if a.serve {
-            eprintln!(
-                "--serve: the dashboard needs `redrive serve`; see README (not in this build)"
-            );
+            // Keep the demo's queue on view: the dashboard over the same temporary database.
+            let (set, _) = policies()?;
+            let config = redrive_service::ServiceConfig {
+                addr: a.addr,
+                store: store.clone(),
+                app: redrive_service::AppConfig {
+                    token: None,
+                    policies: set,
+                    prometheus: None,
+                },
+            };
+            eprintln!("dashboard: the demo's queue stays up until Ctrl-C");
+            redrive_service::serve(config, async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await?;
         }
+        drop(dir);
         Ok(ExitCode::SUCCESS)
     })
 }
