@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub(crate) mod bench;
+pub(crate) mod bench_runtime;
 pub(crate) mod demo;
 pub(crate) mod policy;
 pub(crate) mod psp_sim;
