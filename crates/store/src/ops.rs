@@ -124,6 +124,7 @@ macro_rules! shared_ops {
                     (self.sql.claim.clone(), list)
                 };
                 let now = crate::model::millis(p.now);
+                let permit = self.claim_permit().await;
                 let rows: Vec<crate::rows::JobRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
                     .bind(now)
                     .bind(queues)
@@ -132,6 +133,7 @@ macro_rules! shared_ops {
                     .bind(now.saturating_add(crate::model::dur_ms(p.lease)))
                     .fetch_all(&self.pool)
                     .await?;
+                drop(permit);
                 let mut jobs = rows
                     .into_iter()
                     .map(|r| r.into_job())

@@ -131,6 +131,11 @@ impl SqliteStore {
         Ok(applied.into_iter().collect())
     }
 
+    /// Claims need no gate here: there is one writer connection.
+    pub(crate) async fn claim_permit(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        None
+    }
+
     pub(crate) fn wake(&self) {
         self.wake.send_modify(|v| *v = v.wrapping_add(1));
     }
