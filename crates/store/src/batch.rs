@@ -1,31 +1,13 @@
-//! Multi-row statements for the batched operations (one round trip per chunk), in SQL both
-//! backends accept: `VALUES` lists whose columns are `column1`, `column2`, ….
+//! The batched operations' rows: what a multi-row insert sends and how its results are put
+//! back in input order, and the columns a batch of completions writes.
 
 use std::collections::HashMap;
-use std::fmt::Write;
 
-use crate::model::{Completion, Enqueued, Job, JobState, NewJob, Transition, millis};
-use crate::rows::JOB_COLS;
+use serde::Serialize;
 
-fn values(rows: usize, per_row: usize, out: &mut String, row: impl Fn(&mut String, usize)) {
-    for r in 0..rows {
-        if r > 0 {
-            out.push_str(", ");
-        }
-        out.push('(');
-        row(out, r * per_row);
-        out.push(')');
-    }
-}
-
-fn params(out: &mut String, base: usize, n: usize) {
-    for i in 1..=n {
-        if i > 1 {
-            out.push_str(", ");
-        }
-        let _ = write!(out, "${}", base + i);
-    }
-}
+use crate::model::{
+    Completion, Enqueued, Job, JobState, NewJob, Transition, dur_ms, from_millis, millis,
+};
 
 /// The computed columns of a job to insert.
 pub(crate) struct InsertRow {
@@ -54,92 +36,97 @@ impl InsertRow {
     }
 }
 
-pub(crate) fn insert_sql(rows: usize) -> String {
-    let mut s = String::from(
-        "INSERT INTO redrive_jobs (queue, kind, payload, idempotency_key, dependency, priority, \
-         state, max_attempts, policy, run_at, ttl_ms, deadline, created_at, updated_at) VALUES ",
-    );
-    values(rows, 13, &mut s, |s, b| {
-        params(s, b, 13);
-        let _ = write!(s, ", ${}", b + 13);
-    });
-    let _ = write!(
-        s,
-        " ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
-         RETURNING {JOB_COLS}"
-    );
-    s
+/// A row the insert created, as its `RETURNING id, queue, idempotency_key` gave it.
+pub(crate) type InsertedKey = (i64, String, Option<String>);
+
+impl InsertRow {
+    /// The job exactly as the insert stored it: what was sent plus the column defaults
+    /// (times at the database's millisecond precision), so the insert need not return and
+    /// re-parse every column.
+    pub(crate) fn job(&self, id: i64, n: &NewJob) -> Job {
+        Job {
+            id,
+            queue: n.queue.clone(),
+            kind: n.kind.clone(),
+            payload: n.payload.clone(),
+            key: n.key.clone(),
+            dependency: n.dependency.clone(),
+            priority: n.priority,
+            state: if self.state == "scheduled" {
+                JobState::Scheduled
+            } else {
+                JobState::Available
+            },
+            attempts: 0,
+            exceptions: 0,
+            defers: 0,
+            consecutive_auth: 0,
+            prev_delay_ms: None,
+            max_attempts: n.max_attempts,
+            policy: n.policy.clone(),
+            run_at: from_millis(self.run_at),
+            first_attempt_at: None,
+            ttl_ms: self.ttl.and_then(|t| u64::try_from(t).ok()),
+            deadline: self.deadline.map(from_millis),
+            lease_owner: None,
+            lease_token: 0,
+            lease_expires_at: None,
+            defer_reason: None,
+            dead_reason: None,
+            last_error: None,
+            result: None,
+            replays: 0,
+            created_at: from_millis(self.now),
+            updated_at: from_millis(self.now),
+            finished_at: None,
+        }
+    }
 }
 
 /// Puts the inserted rows back in input order: keyed jobs by key (a key repeated within the
-/// batch gets the first one's job, `created: false`), unkeyed ones by id order. `None`: the key
-/// was taken before this batch.
-pub(crate) fn match_inserted(chunk: &[NewJob], mut created: Vec<Job>) -> Vec<Option<Enqueued>> {
-    created.sort_by_key(|j| j.id);
-    let mut by_key: HashMap<(String, String), Job> = HashMap::new();
+/// batch gets the first one's job, `created: false`), unkeyed ones by id order (the insert
+/// assigns ids in input order). `None`: the key was taken before this batch.
+pub(crate) fn match_inserted(
+    chunk: &[NewJob],
+    rows: &[InsertRow],
+    mut created: Vec<InsertedKey>,
+) -> Vec<Option<Enqueued>> {
+    created.sort_by_key(|r| r.0);
+    let mut by_key: HashMap<(&str, &str), i64> = HashMap::new();
     let mut unkeyed = Vec::new();
-    for j in created {
-        match &j.key {
+    for (id, queue, key) in &created {
+        match key {
             Some(k) => {
-                by_key.insert((j.queue.clone(), k.clone()), j);
+                by_key.insert((queue.as_str(), k.as_str()), *id);
             }
-            None => unkeyed.push(j),
+            None => unkeyed.push(*id),
         }
     }
     let mut unkeyed = unkeyed.into_iter();
-    let mut seen: HashMap<(String, String), Job> = HashMap::new();
+    let mut seen: HashMap<(&str, &str), Job> = HashMap::new();
     chunk
         .iter()
-        .map(|n| match &n.key {
-            None => unkeyed.next().map(|job| Enqueued { job, created: true }),
+        .zip(rows)
+        .map(|(n, r)| match &n.key {
+            None => unkeyed.next().map(|id| Enqueued {
+                job: r.job(id, n),
+                created: true,
+            }),
             Some(k) => {
-                let id = (n.queue.clone(), k.clone());
-                if let Some(job) = seen.get(&id) {
+                let at = (n.queue.as_str(), k.as_str());
+                if let Some(job) = seen.get(&at) {
                     return Some(Enqueued {
                         job: job.clone(),
                         created: false,
                     });
                 }
-                let job = by_key.remove(&id)?;
-                seen.insert(id, job.clone());
+                let id = by_key.remove(&at)?;
+                let job = r.job(id, n);
+                seen.insert(at, job.clone());
                 Some(Enqueued { job, created: true })
             }
         })
         .collect()
-}
-
-pub(crate) fn complete_sql(rows: usize) -> String {
-    let mut s = String::from(
-        "UPDATE redrive_jobs SET state = v.column3, attempts = v.column4, exceptions = v.column5, \
-         defers = v.column6, consecutive_auth = v.column7, prev_delay_ms = v.column8, \
-         first_attempt_at = v.column9, run_at = COALESCE(v.column10, redrive_jobs.run_at), \
-         defer_reason = v.column11, dead_reason = v.column12, \
-         last_error = COALESCE(v.column13, redrive_jobs.last_error), \
-         result = COALESCE(v.column14, redrive_jobs.result), \
-         lease_owner = CASE WHEN v.column3 = 'running' THEN redrive_jobs.lease_owner ELSE NULL END, \
-         lease_expires_at = CASE WHEN v.column3 = 'running' THEN redrive_jobs.lease_expires_at ELSE NULL END, \
-         finished_at = v.column15, updated_at = v.column16 FROM (VALUES ",
-    );
-    values(rows, 16, &mut s, |s, b| params(s, b, 16));
-    s.push_str(
-        ") AS v WHERE redrive_jobs.id = v.column1 AND redrive_jobs.lease_token = v.column2 \
-         AND redrive_jobs.state = 'running' RETURNING redrive_jobs.id, redrive_jobs.replays",
-    );
-    s
-}
-
-pub(crate) fn attempts_sql(rows: usize) -> String {
-    let mut s = String::from(
-        "INSERT INTO redrive_attempts (job_id, number, replay, lease_token, worker, started_at, \
-         duration_ms, class, http_status, error, delay_ms, mode, counted) \
-         SELECT v.column1, (SELECT COUNT(*) + 1 FROM redrive_attempts a \
-           WHERE a.job_id = v.column1 AND a.replay = v.column2), \
-         v.column2, v.column3, v.column4, v.column5, v.column6, v.column7, v.column8, v.column9, \
-         v.column10, v.column11, v.column12 FROM (VALUES ",
-    );
-    values(rows, 12, &mut s, |s, b| params(s, b, 12));
-    s.push_str(") AS v");
-    s
 }
 
 /// The per-transition columns of a completion.
@@ -168,6 +155,74 @@ impl CompletionFields {
             defer_reason,
             dead_reason,
             result,
+        }
+    }
+}
+
+/// Every column one completion writes (the job's update and its attempt), computed once so
+/// that each backend can send a whole batch as a few parameters.
+#[derive(Debug, Serialize)]
+pub(crate) struct CompletionRow {
+    pub(crate) id: i64,
+    pub(crate) token: i64,
+    pub(crate) state: &'static str,
+    pub(crate) attempts: i64,
+    pub(crate) exceptions: i64,
+    pub(crate) defers: i64,
+    pub(crate) consecutive_auth: i64,
+    pub(crate) prev_delay_ms: Option<i64>,
+    pub(crate) first_attempt_at: Option<i64>,
+    pub(crate) run_at: Option<i64>,
+    pub(crate) defer_reason: Option<&'static str>,
+    pub(crate) dead_reason: Option<&'static str>,
+    pub(crate) last_error: Option<String>,
+    pub(crate) result: Option<String>,
+    pub(crate) finished_at: Option<i64>,
+    pub(crate) updated_at: i64,
+    pub(crate) has_attempt: bool,
+    pub(crate) worker: Option<String>,
+    pub(crate) started_at: i64,
+    pub(crate) duration_ms: i64,
+    pub(crate) class: &'static str,
+    pub(crate) http_status: Option<i64>,
+    pub(crate) error: Option<String>,
+    pub(crate) delay_ms: Option<i64>,
+    pub(crate) mode: Option<&'static str>,
+    pub(crate) counted: bool,
+}
+
+impl CompletionRow {
+    pub(crate) fn of(c: &Completion) -> Self {
+        let f = CompletionFields::of(c);
+        let k = &c.counters;
+        let a = c.attempt.as_ref();
+        Self {
+            id: c.lease.job_id,
+            token: c.lease.token,
+            state: f.state.as_str(),
+            attempts: i64::from(k.attempts),
+            exceptions: i64::from(k.exceptions),
+            defers: i64::from(k.defers),
+            consecutive_auth: i64::from(k.consecutive_auth),
+            prev_delay_ms: k.prev_delay.map(dur_ms),
+            first_attempt_at: k.first_attempt_at.map(millis),
+            run_at: f.run_at,
+            defer_reason: f.defer_reason,
+            dead_reason: f.dead_reason,
+            last_error: c.error.clone(),
+            result: f.result,
+            finished_at: f.state.is_final().then(|| millis(c.now)),
+            updated_at: millis(c.now),
+            has_attempt: a.is_some(),
+            worker: a.and_then(|a| a.worker.clone()),
+            started_at: a.map_or(0, |a| millis(a.started_at)),
+            duration_ms: a.map_or(0, |a| dur_ms(a.duration)),
+            class: a.map_or("", |a| a.class.as_str()),
+            http_status: a.and_then(|a| a.http_status.map(i64::from)),
+            error: a.and_then(|a| a.error.clone()),
+            delay_ms: c.transition.delay().map(dur_ms),
+            mode: c.transition.mode().map(|m| m.as_str()),
+            counted: a.is_some_and(|a| a.counted),
         }
     }
 }

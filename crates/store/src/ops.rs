@@ -28,15 +28,15 @@ macro_rules! shared_ops {
                 chunk: &[crate::NewJob],
                 now: redrive_policy::Timestamp,
             ) -> crate::Result<Vec<crate::Enqueued>> {
-                let rows = self.insert_chunk(conn, chunk, now).await?;
-                let created = rows
-                    .into_iter()
-                    .map(|r| r.into_job())
-                    .collect::<crate::Result<Vec<_>>>()?;
+                let rows: Vec<crate::batch::InsertRow> = chunk
+                    .iter()
+                    .map(|j| crate::batch::InsertRow::of(j, now))
+                    .collect();
+                let created = self.insert_chunk(conn, chunk, &rows, now).await?;
                 let mut out = Vec::with_capacity(chunk.len());
                 for (job, slot) in chunk
                     .iter()
-                    .zip(crate::batch::match_inserted(chunk, created))
+                    .zip(crate::batch::match_inserted(chunk, &rows, created))
                 {
                     let e = match slot {
                         Some(e) => e,
@@ -124,6 +124,7 @@ macro_rules! shared_ops {
                     (self.sql.claim.clone(), list)
                 };
                 let now = crate::model::millis(p.now);
+                let permit = self.claim_permit().await;
                 let rows: Vec<crate::rows::JobRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
                     .bind(now)
                     .bind(queues)
@@ -132,6 +133,7 @@ macro_rules! shared_ops {
                     .bind(now.saturating_add(crate::model::dur_ms(p.lease)))
                     .fetch_all(&self.pool)
                     .await?;
+                drop(permit);
                 let mut jobs = rows
                     .into_iter()
                     .map(|r| r.into_job())
@@ -149,76 +151,24 @@ macro_rules! shared_ops {
                 &self,
                 cs: &[crate::Completion],
             ) -> crate::Result<Vec<crate::Result<()>>> {
-                use crate::model::{dur_ms, millis};
                 crate::check_batch("completions", cs.len())?;
-                let mut tx = self.tx().await?;
-                let mut out = Vec::with_capacity(cs.len());
-                for chunk in cs.chunks(self.sql.complete_chunk) {
-                    let mut q = sqlx::query_as::<_, (i64, i64)>(sqlx::AssertSqlSafe(
-                        crate::batch::complete_sql(chunk.len()),
-                    ));
-                    for c in chunk {
-                        let f = crate::batch::CompletionFields::of(c);
-                        let k = &c.counters;
-                        q = q
-                            .bind(c.lease.job_id)
-                            .bind(c.lease.token)
-                            .bind(f.state.as_str())
-                            .bind(i64::from(k.attempts))
-                            .bind(i64::from(k.exceptions))
-                            .bind(i64::from(k.defers))
-                            .bind(i64::from(k.consecutive_auth))
-                            .bind(k.prev_delay.map(dur_ms))
-                            .bind(k.first_attempt_at.map(millis))
-                            .bind(f.run_at)
-                            .bind(f.defer_reason)
-                            .bind(f.dead_reason)
-                            .bind(c.error.clone())
-                            .bind(f.result)
-                            .bind(f.state.is_final().then(|| millis(c.now)))
-                            .bind(millis(c.now));
-                    }
-                    let applied: std::collections::HashMap<i64, i64> =
-                        q.fetch_all(&mut *tx).await?.into_iter().collect();
-                    let with_attempt: Vec<(&crate::Completion, i64)> = chunk
-                        .iter()
-                        .filter(|c| c.attempt.is_some())
-                        .filter_map(|c| applied.get(&c.lease.job_id).map(|r| (c, *r)))
-                        .collect();
-                    if !with_attempt.is_empty() {
-                        let mut q = sqlx::query(sqlx::AssertSqlSafe(crate::batch::attempts_sql(
-                            with_attempt.len(),
-                        )));
-                        for (c, replay) in &with_attempt {
-                            let Some(a) = &c.attempt else { continue };
-                            q = q
-                                .bind(c.lease.job_id)
-                                .bind(*replay)
-                                .bind(c.lease.token)
-                                .bind(a.worker.clone())
-                                .bind(millis(a.started_at))
-                                .bind(dur_ms(a.duration))
-                                .bind(a.class.as_str())
-                                .bind(a.http_status.map(i64::from))
-                                .bind(a.error.clone())
-                                .bind(c.transition.delay().map(dur_ms))
-                                .bind(c.transition.mode().map(|m| m.as_str()))
-                                .bind(a.counted);
-                        }
-                        q.execute(&mut *tx).await?;
-                    }
-                    for c in chunk {
-                        out.push(if applied.contains_key(&c.lease.job_id) {
+                if cs.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let applied = self.complete_batch(cs).await?;
+                let out = cs
+                    .iter()
+                    .map(|c| {
+                        if applied.contains(&c.lease.job_id) {
                             Ok(())
                         } else {
                             Err(crate::StoreError::LeaseLost {
                                 id: c.lease.job_id,
                                 token: c.lease.token,
                             })
-                        });
-                    }
-                }
-                tx.commit().await?;
+                        }
+                    })
+                    .collect();
                 if cs
                     .iter()
                     .any(|c| matches!(c.transition, crate::Transition::Released))

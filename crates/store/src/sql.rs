@@ -20,10 +20,8 @@ pub(crate) struct Sql {
     pub(crate) attempts_of: Arc<str>,
     pub(crate) claim: Arc<str>,
     pub(crate) claim_one: Arc<str>,
-    /// Rows per multi-row insert (sqlx binds SQLite parameters in time quadratic in their number).
+    /// Rows per insert statement.
     pub(crate) enqueue_chunk: usize,
-    /// Rows per multi-row completion.
-    pub(crate) complete_chunk: usize,
     pub(crate) heartbeat: Arc<str>,
     pub(crate) cancel: Arc<str>,
     pub(crate) replay_ids: Arc<str>,
@@ -102,8 +100,7 @@ impl Sql {
             attempts_of: fill(format!(
                 "SELECT {ATTEMPT_COLS} FROM redrive_attempts WHERE job_id = $1 ORDER BY id"
             )),
-            enqueue_chunk: if dialect == Dialect::Sqlite { 100 } else { 5_000 },
-            complete_chunk: if dialect == Dialect::Sqlite { 50 } else { 500 },
+            enqueue_chunk: 5_000,
             claim_one: fill(claim.replace("j.queue IN JSON_TEXTS_2", "j.queue = $2")),
             claim: fill(claim),
             heartbeat: fill(

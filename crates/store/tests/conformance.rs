@@ -153,6 +153,7 @@ macro_rules! conformance {
 
 conformance!(
     enqueue_dedupes_on_key,
+    enqueued_job_is_the_stored_job,
     concurrent_enqueues_of_one_key_make_one_job,
     enqueue_in_callers_transaction,
     bad_input_is_refused_naming_the_field,
@@ -213,6 +214,43 @@ mod cases {
         assert_eq!(fetched.payload, json!({"n": 1}));
         assert_eq!(fetched.key.as_deref(), Some("k1"));
         assert!(s.get(999_999).await.unwrap().is_none());
+    }
+
+    /// The enqueue builds the returned job from what it sent (the insert returns only ids):
+    /// it must be exactly what the store reads back, for every kind of field.
+    pub(super) async fn enqueued_job_is_the_stored_job(s: &Store) {
+        let now = ms(T0 + 123);
+        let jobs = [
+            job("q"),
+            job("q")
+                .key("k")
+                .dependency("psp.example")
+                .priority(-3)
+                .policy("low")
+                .max_attempts(3)
+                .ttl(Duration::from_millis(90_500))
+                .run_at(ms(T0 + 60_000)),
+            NewJob::new(
+                "q2",
+                "http",
+                json!({"a": [1, 2.5, "x"], "b": null, "c": {"d": true}}),
+            ),
+            job("q").key("k"),
+        ];
+        let mut all = s.enqueue_many(&jobs, now).await.unwrap();
+        all.push(s.enqueue(&job("q3").key("one"), now).await.unwrap());
+        all.push(s.enqueue(&job("q3").key("one"), now).await.unwrap());
+        assert_eq!(
+            all.iter().map(|e| e.created).collect::<Vec<_>>(),
+            [true, true, true, false, true, false]
+        );
+        assert_eq!(all[1].job.state, JobState::Scheduled);
+        assert_eq!(all[1].job.deadline, Some(ms(T0 + 123 + 90_500)));
+        assert!(all[0].job.id < all[1].job.id && all[1].job.id < all[2].job.id);
+        for e in &all {
+            let stored = s.get(e.job.id).await.unwrap().unwrap();
+            assert_eq!(e.job, stored);
+        }
     }
 
     pub(super) async fn concurrent_enqueues_of_one_key_make_one_job(s: &Store) {
