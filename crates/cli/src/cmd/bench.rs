@@ -28,6 +28,11 @@ struct Run {
     enqueue_jobs_per_s: f64,
     drain_jobs_per_s: f64,
     drain_seconds: f64,
+    /// The same drain through the worker runtime, with as many jobs in flight
+    /// (concurrency × claim batch).
+    runtime_drain_jobs_per_s: f64,
+    /// runtime / store drain.
+    runtime_vs_store: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -110,6 +115,25 @@ pub(crate) fn run(global: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
             let s = scratch(&global.db, i as u32).await?;
             backend = s.store.backend();
             let r = one_run(&s.store, a.jobs, c).await;
+            let r = match r {
+                Ok(mut r) => {
+                    let pb = bar(0, format!("runtime drain (c={c})"));
+                    let rt = crate::cmd::bench_runtime::drain(
+                        &s.store,
+                        "bench-runtime",
+                        a.jobs,
+                        c * CLAIM_BATCH,
+                    )
+                    .await;
+                    pb.finish_and_clear();
+                    rt.map(|rt| {
+                        r.runtime_drain_jobs_per_s = rt;
+                        r.runtime_vs_store = rt / r.drain_jobs_per_s;
+                        r
+                    })
+                }
+                Err(e) => Err(e),
+            };
             cleanup(s).await;
             runs.push(r?);
         }
@@ -129,13 +153,17 @@ pub(crate) fn run(global: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         } else {
             println!("backend {}, {} noop jobs per run", report.backend, a.jobs);
             println!(
-                "{:>11} {:>16} {:>16}",
-                "concurrency", "enqueue jobs/s", "drain jobs/s"
+                "{:>11} {:>16} {:>16} {:>22} {:>9}",
+                "concurrency", "enqueue jobs/s", "drain jobs/s", "runtime drain jobs/s", "runtime"
             );
             for r in &report.runs {
                 println!(
-                    "{:>11} {:>16.0} {:>16.0}",
-                    r.concurrency, r.enqueue_jobs_per_s, r.drain_jobs_per_s
+                    "{:>11} {:>16.0} {:>16.0} {:>22.0} {:>8.0}%",
+                    r.concurrency,
+                    r.enqueue_jobs_per_s,
+                    r.drain_jobs_per_s,
+                    r.runtime_drain_jobs_per_s,
+                    r.runtime_vs_store * 100.0
                 );
             }
             println!(
@@ -196,6 +224,8 @@ async fn one_run(store: &Store, jobs: u64, concurrency: u32) -> anyhow::Result<R
         enqueue_jobs_per_s: jobs as f64 / enqueue_s,
         drain_jobs_per_s: jobs as f64 / drain_s,
         drain_seconds: drain_s,
+        runtime_drain_jobs_per_s: 0.0,
+        runtime_vs_store: 0.0,
     })
 }
 
