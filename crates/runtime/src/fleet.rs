@@ -223,23 +223,21 @@ impl Fleet {
         reason: &str,
         now: Timestamp,
     ) -> Result<bool, StoreError> {
-        let u = BreakerUpdate {
-            dependency: dep.to_owned(),
-            expect: Some(expect.to_owned()),
-            state: BreakerState::HalfOpen.as_str().to_owned(),
-            open_until: None,
-            probe_permits: self.config(dep).half_open_probes,
-            reason: reason.to_owned(),
-            now,
-        };
+        let permits = self.config(dep).half_open_probes;
         let applied = self
-            .db
-            .run(move |s| async move { s.set_breaker(&u).await })
+            .set(
+                dep,
+                expect,
+                BreakerState::HalfOpen,
+                None,
+                permits,
+                reason,
+                now,
+            )
             .await?;
         if applied && expect != "half_open" {
             self.announce(dep, BreakerState::Open, BreakerState::HalfOpen, reason);
         }
-        self.forget(dep);
         Ok(applied)
     }
 
@@ -392,12 +390,28 @@ impl Fleet {
         reason: &str,
         now: Timestamp,
     ) -> Result<bool, StoreError> {
+        self.set(dep, expect, state, open_until, 0, reason, now)
+            .await
+    }
+
+    /// Compare-and-set of the shared breaker row (applies only if it still is `expect`).
+    #[allow(clippy::too_many_arguments)]
+    async fn set(
+        &self,
+        dep: &str,
+        expect: &str,
+        state: BreakerState,
+        open_until: Option<Timestamp>,
+        probe_permits: u32,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
         let u = BreakerUpdate {
             dependency: dep.to_owned(),
             expect: Some(expect.to_owned()),
             state: state.as_str().to_owned(),
             open_until,
-            probe_permits: 0,
+            probe_permits,
             reason: reason.to_owned(),
             now,
         };

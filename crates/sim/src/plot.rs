@@ -81,6 +81,31 @@ fn ensure_font() -> Result<(), String> {
     .clone()
 }
 
+fn extension(path: &Path) -> Option<String> {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase)
+}
+
+/// Draws with `$draw` on an SVG or PNG backend chosen by the extension, then writes the file.
+macro_rules! render {
+    ($ext:expr, $path:expr, $size:expr, $err:expr, |$root:ident| $draw:expr) => {
+        match $ext {
+            Some("svg") => {
+                let $root = &SVGBackend::new($path, $size).into_drawing_area();
+                $draw.map_err(|e| $err(e.to_string()))?;
+                $root.present().map_err(|e| $err(e.to_string()))
+            }
+            Some("png") => {
+                let $root = &BitMapBackend::new($path, $size).into_drawing_area();
+                $draw.map_err(|e| $err(e.to_string()))?;
+                $root.present().map_err(|e| $err(e.to_string()))
+            }
+            _ => Err($err("the file must end in .svg or .png".into())),
+        }
+    };
+}
+
 /// Draws the report's chart to `path` (`.svg` or `.png`).
 ///
 /// # Errors
@@ -90,26 +115,11 @@ pub fn plot(report: &Report, path: &Path) -> Result<(), SimError> {
         path: path.to_owned(),
         reason,
     };
-    let ext = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase);
+    let ext = extension(path);
     let sweep = report.clients.len() > 1;
     let size = if sweep { (1000, 1200) } else { (1000, 520) };
     ensure_font().map_err(err)?;
-    match ext.as_deref() {
-        Some("svg") => {
-            let root = SVGBackend::new(path, size).into_drawing_area();
-            draw(&root, report).map_err(|e| err(e.to_string()))?;
-            root.present().map_err(|e| err(e.to_string()))
-        }
-        Some("png") => {
-            let root = BitMapBackend::new(path, size).into_drawing_area();
-            draw(&root, report).map_err(|e| err(e.to_string()))?;
-            root.present().map_err(|e| err(e.to_string()))
-        }
-        _ => Err(err("the file must end in .svg or .png".into())),
-    }
+    render!(ext.as_deref(), path, size, err, |root| draw(root, report))
 }
 
 type DrawResult<DB> = Result<(), DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
@@ -300,25 +310,9 @@ pub fn plot_load(c: &LoadChart, path: &Path) -> Result<(), SimError> {
         reason,
     };
     ensure_font().map_err(err)?;
-    let size = (1000, 480);
-    match path
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase)
-        .as_deref()
-    {
-        Some("svg") => {
-            let root = SVGBackend::new(path, size).into_drawing_area();
-            draw_load(&root, c).map_err(|e| err(e.to_string()))?;
-            root.present().map_err(|e| err(e.to_string()))
-        }
-        Some("png") => {
-            let root = BitMapBackend::new(path, size).into_drawing_area();
-            draw_load(&root, c).map_err(|e| err(e.to_string()))?;
-            root.present().map_err(|e| err(e.to_string()))
-        }
-        _ => Err(err("the file must end in .svg or .png".into())),
-    }
+    render!(extension(path).as_deref(), path, (1000, 480), err, |root| {
+        draw_load(root, c)
+    })
 }
 
 fn draw_load<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, c: &LoadChart) -> DrawResult<DB> {
