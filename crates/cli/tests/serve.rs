@@ -112,3 +112,41 @@ fn serve_refuses_a_public_address_without_a_token() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--addr"));
 }
+
+#[test]
+fn serve_with_workers_runs_the_jobs_it_accepts_and_exports_their_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite:{}", dir.path().join("q.db").display());
+    let (_server, addr) = start(&db, &["--workers", "2"]);
+    let (status, res) = request(
+        &addr,
+        "POST",
+        "/v1/jobs",
+        &["Content-Type: application/json"],
+        r#"{"queue":"q","kind":"noop","payload":{}}"#,
+    );
+    assert_eq!(status, 201, "{res}");
+    let body = res.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    let id = v["job"]["id"].as_i64().unwrap();
+    let t = std::time::Instant::now();
+    loop {
+        let (_, res) = request(&addr, "GET", &format!("/v1/jobs/{id}"), &[], "");
+        if res.contains("\"succeeded\"") {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "never ran: {res}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The in-process workers record into the same Prometheus registry /metrics renders.
+    let (status, metrics) = request(&addr, "GET", "/metrics", &[], "");
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("redrive_attempts_total{") && metrics.contains("class=\"success\""),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("redrive_jobs_finished_total{"),
+        "{metrics}"
+    );
+}

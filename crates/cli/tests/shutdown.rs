@@ -229,3 +229,40 @@ fn sigkill_leaves_leases_that_expire_and_every_job_still_finishes_once() {
     assert_eq!(twice, 4);
     assert!(js.iter().all(|j| j.attempts <= 2));
 }
+
+#[test]
+fn work_exports_the_design_metrics() {
+    let dep = slow(Duration::from_millis(10));
+    let (_d, db) = setup(3, &dep);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let child = work(&db, &["--metrics-addr", &addr]);
+    let jobs_done = || jobs(&db).iter().all(|j| j.state == JobState::Succeeded);
+    wait_for("3 jobs done", Duration::from_secs(20), jobs_done);
+    let body = block(async {
+        reqwest::get(format!("http://{addr}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    });
+    signal(&child, "-TERM");
+    child.wait_with_output().unwrap();
+    for name in [
+        "redrive_attempts_total{",
+        "redrive_jobs_finished_total{",
+        "redrive_job_duration_seconds",
+        "redrive_jobs{",
+    ] {
+        assert!(body.contains(name), "{name} missing from {body}");
+    }
+    assert!(
+        body.contains("queue=\"pay\"") && body.contains("kind=\"http\""),
+        "{body}"
+    );
+}

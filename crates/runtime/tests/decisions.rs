@@ -650,3 +650,37 @@ async fn a_pause_seen_by_one_job_blocks_the_others_and_a_blocked_job_past_its_de
         .unwrap();
     assert_eq!(s.finished(), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_lease_cancels_the_handler_and_writes_nothing() {
+    let e = env().await;
+    let id = e.enqueue(NewJob::new("q", "k", json!({}))).await;
+    #[derive(Debug, Default)]
+    struct Forever(AtomicU32);
+    impl Handler for Forever {
+        fn run(&self, ctx: JobContext) -> BoxFuture<'static, Attempted> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async move {
+                ctx.cancel.cancelled().await;
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                ok()
+            })
+        }
+    }
+    let h = Arc::new(Forever::default());
+    let w = e
+        .worker("k", h.clone())
+        .lease(Duration::from_secs(3))
+        .build();
+    let run = tokio::spawn(async move { w.run_until_idle().await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // An operator cancels the running job: its lease is revoked.
+    let now = e.clock.now();
+    e.db(move |s| async move { s.cancel(id, now).await.unwrap() })
+        .await;
+    let s = run.await.unwrap().unwrap();
+    assert_eq!((s.lease_lost, s.succeeded, s.attempts), (1, 0, 0), "{s:?}");
+    assert_eq!(h.0.load(Ordering::SeqCst), 1);
+    assert_eq!(e.get(id).await.state, JobState::Cancelled);
+    assert!(e.attempts(id).await.is_empty(), "nothing written");
+}
