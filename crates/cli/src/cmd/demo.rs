@@ -140,9 +140,14 @@ pub(crate) fn run(_global: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
         let db = format!("sqlite:{}", dir.path().join("demo.db").display());
         let store = Store::connect(&db).await?;
         let faults = scenario(&a);
-        let sim = PspSim::builder()
-            .faults(faults.clone())
-            .with_idempotency_layer()
+        // The bad day needs the simulator's idempotency layer (a lost answer is replayed to
+        // the retry). A healthy PSP never loses one, and its ledger still refuses a second
+        // charge for a key, so `--no-faults` leaves the layer out and measures redrive.
+        let mut sim = PspSim::builder().faults(faults.clone());
+        if !a.no_faults {
+            sim = sim.with_idempotency_layer();
+        }
+        let sim = sim
             .start("127.0.0.1:0")
             .await
             .context("starting the PSP simulator")?;
