@@ -39,9 +39,11 @@ fn block<T>(f: impl std::future::Future<Output = T>) -> T {
 fn schema() -> Option<(PgStore, String)> {
     let url = std::env::var("REDRIVE_TEST_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    static SEQ: AtomicU32 = AtomicU32::new(0);
     let name = format!(
-        "rdfleet_{}_{}",
+        "rdfleet_{}_{}_{}",
         std::process::id(),
+        SEQ.fetch_add(1, Ordering::SeqCst),
         Utc::now().timestamp_micros() % 1_000_000
     );
     match block(PgStore::connect(&url, Some(&name), 4)) {
