@@ -598,42 +598,10 @@ impl Run {
                     Ok(Gate::Go { probe: p }) => probe = p,
                     Ok(Gate::Blocked { until, reason }) => {
                         let action = policy.decide_blocked(&counters, until, reason, now, &mut rng);
-                        let transition = match action {
-                            Action::Defer {
-                                until,
-                                delay,
-                                reason,
-                                ..
-                            } => Transition::Deferred {
-                                until,
-                                reason,
-                                delay,
-                            },
-                            Action::Dead { reason } => Transition::Dead { reason },
-                            _ => Transition::Released,
-                        };
-                        let dead = matches!(transition, Transition::Dead { .. });
-                        let c = Completion {
-                            lease,
-                            attempt: None,
-                            counters,
-                            transition,
-                            error: None,
-                            now,
-                        };
-                        match self.write(c, lost).await {
-                            Err(e) if e.is_lease_lost() => {
-                                s.lease_lost += 1;
-                                metrics::lease_lost();
-                            }
-                            Err(e) => return Err(write_err(e)),
-                            Ok(()) if dead => {
-                                s.dead += 1;
-                                metrics::finished(&job.queue, &job.kind, "dead", "deadline");
-                            }
-                            Ok(()) => s.deferred += 1,
-                        }
-                        return Ok(s);
+                        let (transition, _) = plan(action, &serde_json::Value::Null);
+                        return self
+                            .end_unattempted(job, counters, transition, lost, s)
+                            .await;
                     }
                     Err(e) => {
                         // The store is unreachable: the breaker cannot be consulted, and the
@@ -670,13 +638,12 @@ impl Run {
                     tokio::select! {
                         biased;
                         _ = lost.cancelled() => {
-                            s.lease_lost += 1;
-                            metrics::lease_lost();
+                            lost_lease(&mut s);
                             tracing::warn!(job = job.id, "lease lost: attempt abandoned");
                             return Ok(s);
                         }
                         _ = self.hard.cancelled() => {
-                            return self.release(job, counters, lost, s).await;
+                            return self.end_unattempted(job, counters, Transition::Released, lost, s).await;
                         }
                         r = call => match r {
                             Ok(a) => a,
@@ -718,8 +685,7 @@ impl Run {
             s.attempts += 1;
             metrics::attempt(&job.queue, &job.kind, class.as_str(), took);
             if lost.is_cancelled() {
-                s.lease_lost += 1;
-                metrics::lease_lost();
+                lost_lease(&mut s);
                 return Ok(s);
             }
 
@@ -743,37 +709,7 @@ impl Run {
             {
                 action = policy.decide_blocked(&verdict.counters, until, reason, now, &mut rng);
             }
-            let (transition, step) = match action {
-                Action::Done => (
-                    Transition::Succeeded {
-                        result: attempted.result.clone(),
-                    },
-                    Step::Ended,
-                ),
-                Action::RefreshCredentials => (
-                    Transition::RetryInProcess {
-                        delay: Duration::ZERO,
-                    },
-                    Step::Refresh,
-                ),
-                Action::RetryInProcess { delay, .. } => {
-                    (Transition::RetryInProcess { delay }, Step::Again(delay))
-                }
-                Action::Defer {
-                    until,
-                    delay,
-                    reason,
-                    ..
-                } => (
-                    Transition::Deferred {
-                        until,
-                        reason,
-                        delay,
-                    },
-                    Step::Ended,
-                ),
-                Action::Dead { reason } => (Transition::Dead { reason }, Step::Ended),
-            };
+            let (transition, step) = plan(action, &attempted.result);
             let c = Completion {
                 lease,
                 attempt: Some(NewAttempt {
@@ -793,8 +729,7 @@ impl Run {
             // The attempt is recorded before any wait.
             match self.write(c, lost).await {
                 Err(e) if e.is_lease_lost() => {
-                    s.lease_lost += 1;
-                    metrics::lease_lost();
+                    lost_lease(&mut s);
                     return Ok(s);
                 }
                 Err(e) => return Err(write_err(e)),
@@ -819,31 +754,14 @@ impl Run {
                     tokio::select! {
                         biased;
                         _ = lost.cancelled() => {
-                            s.lease_lost += 1;
-                            metrics::lease_lost();
+                            lost_lease(&mut s);
                             return Ok(s);
                         }
                         _ = self.stop.cancelled() => {
                             // Shutting down: hand the job back for its planned time.
                             let until = now + chrono::Duration::from_std(delay).unwrap_or_default();
-                            let c = Completion {
-                                lease,
-                                attempt: None,
-                                counters,
-                                transition: Transition::Deferred {
-                                    until,
-                                    reason: DeferReason::Released,
-                                    delay,
-                                },
-                                error: None,
-                                now: clock.now(),
-                            };
-                            match self.write(c, lost).await {
-                                Err(e) if e.is_lease_lost() => s.lease_lost += 1,
-                                Err(e) => return Err(write_err(e)),
-                                Ok(()) => s.released += 1,
-                            }
-                            return Ok(s);
+                            let t = Transition::Deferred { until, reason: DeferReason::Released, delay };
+                            return self.end_unattempted(job, counters, t, lost, s).await;
                         }
                         _ = tokio::time::sleep(delay) => {}
                     }
@@ -869,11 +787,13 @@ impl Run {
         }
     }
 
-    /// Hands an interrupted job back (its attempt not counted).
-    async fn release(
+    /// Ends a claim without recording an attempt: a job deferred because its dependency is
+    /// blocked, or handed back at shutdown (an interrupted attempt is not counted).
+    async fn end_unattempted(
         &self,
         job: &Job,
         counters: redrive_policy::JobCounters,
+        transition: Transition,
         lost: &CancellationToken,
         mut s: Summary,
     ) -> Result<Summary, RuntimeError> {
@@ -881,19 +801,30 @@ impl Run {
             lease: job.lease(),
             attempt: None,
             counters,
-            transition: Transition::Released,
+            transition: transition.clone(),
             error: None,
             now: self.w.b.clock.now(),
         };
         match self.write(c, lost).await {
-            Err(e) if e.is_lease_lost() => s.lease_lost += 1,
+            Err(e) if e.is_lease_lost() => lost_lease(&mut s),
             Err(e) => {
                 return Err(RuntimeError::Write {
                     job: job.id,
                     detail: e.to_string(),
                 });
             }
-            Ok(()) => s.released += 1,
+            Ok(()) => match transition {
+                Transition::Dead { reason } => {
+                    s.dead += 1;
+                    metrics::finished(&job.queue, &job.kind, "dead", reason.as_str());
+                }
+                Transition::Released
+                | Transition::Deferred {
+                    reason: DeferReason::Released,
+                    ..
+                } => s.released += 1,
+                _ => s.deferred += 1,
+            },
         }
         Ok(s)
     }
@@ -935,6 +866,46 @@ impl Run {
             }
         })
     }
+}
+
+/// The stored transition and what the executor does next, for a decided action.
+fn plan(action: Action, result: &serde_json::Value) -> (Transition, Step) {
+    match action {
+        Action::Done => (
+            Transition::Succeeded {
+                result: result.clone(),
+            },
+            Step::Ended,
+        ),
+        Action::RefreshCredentials => (
+            Transition::RetryInProcess {
+                delay: Duration::ZERO,
+            },
+            Step::Refresh,
+        ),
+        Action::RetryInProcess { delay, .. } => {
+            (Transition::RetryInProcess { delay }, Step::Again(delay))
+        }
+        Action::Defer {
+            until,
+            delay,
+            reason,
+            ..
+        } => (
+            Transition::Deferred {
+                until,
+                reason,
+                delay,
+            },
+            Step::Ended,
+        ),
+        Action::Dead { reason } => (Transition::Dead { reason }, Step::Ended),
+    }
+}
+
+fn lost_lease(s: &mut Summary) {
+    s.lease_lost += 1;
+    metrics::lease_lost();
 }
 
 fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
