@@ -93,6 +93,7 @@ pub struct WorkerBuilder {
     kind_policies: HashMap<String, RetryPolicy>,
     concurrency: usize,
     claim_batch: Option<usize>,
+    claim_linger: Duration,
     lease: Duration,
     heartbeat: Option<Duration>,
     poll: Duration,
@@ -145,6 +146,14 @@ impl WorkerBuilder {
         self.lease = d.max(Duration::from_millis(300));
         self
     }
+    /// How long a busy worker waits for more free slots before claiming fewer than a quarter
+    /// of `min(claim batch, concurrency)` (default 2 ms; zero claims as soon as one slot is
+    /// free). An idle worker claims at once. Larger claims mean fewer store round trips.
+    pub fn claim_linger(mut self, d: Duration) -> Self {
+        self.claim_linger = d;
+        self
+    }
+
     /// Heartbeat interval (default a third of the lease).
     pub fn heartbeat(mut self, d: Duration) -> Self {
         self.heartbeat = Some(d.max(Duration::from_millis(10)));
@@ -279,6 +288,7 @@ impl Worker {
             kind_policies: HashMap::new(),
             concurrency: 8,
             claim_batch: None,
+            claim_linger: Duration::from_millis(2),
             lease: Duration::from_secs(30),
             heartbeat: None,
             poll: Duration::from_millis(250),
@@ -408,6 +418,22 @@ impl Worker {
                     Err(_) => break,
                 }
             }
+            // Busy: let a few more slots free up (briefly) so that one claim fills them.
+            let enough = (want.min(b.concurrency) / 4).max(1);
+            if permits.len() < enough && !tasks.is_empty() && !b.claim_linger.is_zero() {
+                let until = tokio::time::Instant::now() + b.claim_linger;
+                while permits.len() < enough {
+                    tokio::select! {
+                        biased;
+                        _ = stop.cancelled() => break,
+                        p = sem.clone().acquire_owned() => match p {
+                            Ok(p) => permits.push(p),
+                            Err(_) => break,
+                        },
+                        _ = tokio::time::sleep_until(until) => break,
+                    }
+                }
+            }
             wake.borrow_and_update();
             let p = ClaimParams {
                 queues: queues.clone(),
@@ -447,6 +473,7 @@ impl Worker {
                 }
                 continue;
             }
+            tracing::trace!(asked = permits.len(), claimed = jobs.len(), "claim");
             claimed += jobs.len() as u64;
             let mut permits = permits.into_iter();
             for job in jobs {
