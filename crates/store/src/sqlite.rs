@@ -287,3 +287,22 @@ fn split_synchronous(url: &str) -> Result<(String, SqliteSynchronous)> {
 }
 
 crate::ops::shared_ops!(SqliteStore, Sqlite, SqliteConnection);
+
+#[cfg(test)]
+mod tests {
+    /// The SQL reads `->> n` by [`super::COMPLETION_FIELDS`]; `positional` must send the fields
+    /// in that order, which is the struct's declaration order.
+    #[test]
+    fn completion_fields_follow_the_row_struct() {
+        let src = include_str!("batch.rs");
+        let body = &src[src.find("pub(crate) struct CompletionRow {").unwrap()..];
+        let body = &body[..body.find('}').unwrap()];
+        let names: Vec<&str> = body
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("pub(crate) "))
+            .filter_map(|l| l.split(':').next())
+            .filter(|n| !n.starts_with("struct"))
+            .collect();
+        assert_eq!(names, super::COMPLETION_FIELDS);
+    }
+}
