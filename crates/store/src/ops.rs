@@ -325,15 +325,24 @@ macro_rules! shared_ops {
                 p: &crate::ListParams,
             ) -> crate::Result<crate::Page> {
                 let limit = p.limit.unwrap_or(50).clamp(1, 1000);
-                let rows: Vec<crate::rows::JobRow> =
-                    sqlx::query_as(sqlx::AssertSqlSafe(self.sql.list.clone()))
-                        .bind(p.state.map(|s| s.as_str()))
-                        .bind(p.queue.as_deref())
-                        .bind(p.dead_reason.as_deref())
-                        .bind(p.after.unwrap_or(0))
-                        .bind(i64::from(limit) + 1)
-                        .fetch_all(&self.read)
-                        .await?;
+                let sql = match p.state {
+                    None => self.sql.list.clone(),
+                    Some(st) => {
+                        let i = crate::JobState::ALL
+                            .iter()
+                            .position(|s| *s == st)
+                            .unwrap_or_default();
+                        self.sql.list_state[i].clone()
+                    }
+                };
+                let rows: Vec<crate::rows::JobRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                    .bind(None::<&str>)
+                    .bind(p.queue.as_deref())
+                    .bind(p.dead_reason.as_deref())
+                    .bind(p.after.unwrap_or(0))
+                    .bind(i64::from(limit) + 1)
+                    .fetch_all(&self.read)
+                    .await?;
                 let more = rows.len() > limit as usize;
                 let jobs = rows
                     .into_iter()

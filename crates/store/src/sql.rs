@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use crate::model::JobState;
 use crate::rows::{ATTEMPT_COLS, DEP_COLS, JOB_COLS};
 
 /// Which SQL dialect.
@@ -32,6 +33,9 @@ pub(crate) struct Sql {
     pub(crate) rescue_attempt: Arc<str>,
     pub(crate) prune: Arc<str>,
     pub(crate) list: Arc<str>,
+    /// `list` with the state as a literal, one per [`JobState::ALL`] (in that order): an exact
+    /// `state = 'dead'` is what lets either planner use the partial by-state indexes.
+    pub(crate) list_state: Vec<Arc<str>>,
     pub(crate) counts: Arc<str>,
     pub(crate) next_due: Arc<str>,
     pub(crate) get_dep: Arc<str>,
@@ -159,6 +163,17 @@ impl Sql {
                  AND ($2 IS NULL OR queue = $2) AND ($3 IS NULL OR dead_reason = $3) AND id > $4 \
                  ORDER BY id LIMIT $5"
             )),
+            list_state: JobState::ALL
+                .iter()
+                .map(|st| {
+                    fill(format!(
+                        "SELECT {JOB_COLS} FROM redrive_jobs WHERE state = '{}' AND $1 IS NULL \
+                         AND ($2 IS NULL OR queue = $2) AND ($3 IS NULL OR dead_reason = $3) \
+                         AND id > $4 ORDER BY id LIMIT $5",
+                        st.as_str()
+                    ))
+                })
+                .collect(),
             counts: fill(
                 "SELECT queue, state, COUNT(*) AS n FROM redrive_jobs GROUP BY queue, state \
                  ORDER BY queue, state"

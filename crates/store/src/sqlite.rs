@@ -115,15 +115,15 @@ impl SqliteStore {
     ) -> Result<std::collections::HashSet<i64>> {
         let rows: Vec<crate::batch::CompletionRow> =
             cs.iter().map(crate::batch::CompletionRow::of).collect();
-        let data = json_text(&rows)?;
+        let data = json_text(&rows.iter().map(positional).collect::<Vec<_>>())?;
         let mut tx = self.tx().await?;
         if rows.iter().any(|r| r.has_attempt) {
-            sqlx::query(COMPLETE_ATTEMPTS_JSON)
+            sqlx::query(sqlx::AssertSqlSafe(COMPLETE_ATTEMPTS.as_str()))
                 .bind(&data)
                 .execute(&mut *tx)
                 .await?;
         }
-        let applied: Vec<i64> = sqlx::query_scalar(COMPLETE_JOBS_JSON)
+        let applied: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(COMPLETE_JOBS.as_str()))
             .bind(&data)
             .fetch_all(&mut *tx)
             .await?;
@@ -140,6 +140,44 @@ impl SqliteStore {
         self.wake.send_modify(|v| *v = v.wrapping_add(1));
     }
 }
+
+/// One completion as a JSON array in [`COMPLETION_FIELDS`] order.
+fn positional(r: &crate::batch::CompletionRow) -> serde_json::Value {
+    serde_json::json!([
+        r.id,
+        r.token,
+        r.state,
+        r.attempts,
+        r.exceptions,
+        r.defers,
+        r.consecutive_auth,
+        r.prev_delay_ms,
+        r.first_attempt_at,
+        r.run_at,
+        r.defer_reason,
+        r.dead_reason,
+        r.last_error,
+        r.result,
+        r.finished_at,
+        r.updated_at,
+        r.has_attempt,
+        r.worker,
+        r.started_at,
+        r.duration_ms,
+        r.class,
+        r.http_status,
+        r.error,
+        r.delay_ms,
+        r.mode,
+        r.counted
+    ])
+}
+
+/// The two completion statements, each prefixed with the batch's rows.
+static COMPLETE_ATTEMPTS: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| format!("{COMPLETION_ROWS}{COMPLETE_ATTEMPTS_SQL}"));
+static COMPLETE_JOBS: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| format!("{COMPLETION_ROWS}{COMPLETE_JOBS_SQL}"));
 
 fn json_text(v: &impl serde::Serialize) -> Result<String> {
     serde_json::to_string(v).map_err(|e| StoreError::Invalid {
@@ -160,21 +198,47 @@ const INSERT_JSON: &str = "INSERT INTO redrive_jobs (queue, kind, payload, idemp
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
     RETURNING id, queue, idempotency_key";
 
-/// The attempts of a batch of completions (objects as [`crate::batch::CompletionRow`]
-/// serializes them), for the jobs whose lease (id, token, running) still holds. The CTEs read
-/// each row's text out of `json_each` once and each field once: every `value` reference
-/// re-renders the row as text, which made reading fields in place cost more than the writes.
-const COMPLETE_ATTEMPTS_JSON: &str = "WITH r AS MATERIALIZED (SELECT value AS j FROM json_each($1)), v AS MATERIALIZED (SELECT \
-    j ->> 'id' AS id, j ->> 'token' AS token, j ->> 'state' AS state, j ->> 'attempts' AS \
-    attempts, j ->> 'exceptions' AS exceptions, j ->> 'defers' AS defers, j ->> \
-    'consecutive_auth' AS consecutive_auth, j ->> 'prev_delay_ms' AS prev_delay_ms, j ->> \
-    'first_attempt_at' AS first_attempt_at, j ->> 'run_at' AS run_at, j ->> 'defer_reason' \
-    AS defer_reason, j ->> 'dead_reason' AS dead_reason, j ->> 'last_error' AS last_error, j \
-    ->> 'result' AS result, j ->> 'finished_at' AS finished_at, j ->> 'updated_at' AS \
-    updated_at, j ->> 'has_attempt' AS has_attempt, j ->> 'worker' AS worker, j ->> \
-    'started_at' AS started_at, j ->> 'duration_ms' AS duration_ms, j ->> 'class' AS class, \
-    j ->> 'http_status' AS http_status, j ->> 'error' AS error, j ->> 'delay_ms' AS \
-    delay_ms, j ->> 'mode' AS mode, j ->> 'counted' AS counted FROM r) INSERT INTO \
+/// The batch's rows, read once each from `json_each` and each field once (every `value`
+/// reference re-renders the row as text, which made reading fields in place cost more than
+/// the writes). Rows are positional arrays in [`COMPLETION_FIELDS`] order: `->> n` is a
+/// step, not a key search.
+const COMPLETION_ROWS: &str = "WITH r AS MATERIALIZED (SELECT value AS j FROM json_each($1)), \
+    v AS MATERIALIZED (SELECT j ->> 0 AS id, j ->> 1 AS token, j ->> 2 AS state, j ->> 3 AS attempts, j ->> 4 AS exceptions, j ->> 5 AS defers, j ->> 6 AS consecutive_auth, j ->> 7 AS prev_delay_ms, j ->> 8 AS first_attempt_at, j ->> 9 AS run_at, j ->> 10 AS defer_reason, j ->> 11 AS dead_reason, j ->> 12 AS last_error, j ->> 13 AS result, j ->> 14 AS finished_at, j ->> 15 AS updated_at, j ->> 16 AS has_attempt, j ->> 17 AS worker, j ->> 18 AS started_at, j ->> 19 AS duration_ms, j ->> 20 AS class, j ->> 21 AS http_status, j ->> 22 AS error, j ->> 23 AS delay_ms, j ->> 24 AS mode, j ->> 25 AS counted FROM r) ";
+
+/// The field order of a completion row as [`complete_batch`](SqliteStore::complete_batch) sends it.
+#[cfg(test)]
+const COMPLETION_FIELDS: [&str; 26] = [
+    "id",
+    "token",
+    "state",
+    "attempts",
+    "exceptions",
+    "defers",
+    "consecutive_auth",
+    "prev_delay_ms",
+    "first_attempt_at",
+    "run_at",
+    "defer_reason",
+    "dead_reason",
+    "last_error",
+    "result",
+    "finished_at",
+    "updated_at",
+    "has_attempt",
+    "worker",
+    "started_at",
+    "duration_ms",
+    "class",
+    "http_status",
+    "error",
+    "delay_ms",
+    "mode",
+    "counted",
+];
+
+/// The attempts of a batch of completions, for the jobs whose lease (id, token, running)
+/// still holds.
+const COMPLETE_ATTEMPTS_SQL: &str = "INSERT INTO \
     redrive_attempts (job_id, number, replay, lease_token, worker, started_at, duration_ms, \
     class, http_status, error, delay_ms, mode, counted) SELECT j.id, (SELECT COUNT(*) + 1 \
     FROM redrive_attempts a WHERE a.job_id = j.id AND a.replay = j.replays), j.replays, \
@@ -183,19 +247,9 @@ const COMPLETE_ATTEMPTS_JSON: &str = "WITH r AS MATERIALIZED (SELECT value AS j 
     j.lease_token = v.token AND +j.state = 'running' AND v.has_attempt";
 
 /// The fenced update of a batch of completions; returns the ids that applied. (`+state`: not
-/// through the state index, so that the plan walks the batch and looks each job up by id;
+/// through a state index, so that the plan walks the batch and looks each job up by id;
 /// the same in the attempts' insert.)
-const COMPLETE_JOBS_JSON: &str = "WITH r AS MATERIALIZED (SELECT value AS j FROM json_each($1)), v AS MATERIALIZED (SELECT \
-    j ->> 'id' AS id, j ->> 'token' AS token, j ->> 'state' AS state, j ->> 'attempts' AS \
-    attempts, j ->> 'exceptions' AS exceptions, j ->> 'defers' AS defers, j ->> \
-    'consecutive_auth' AS consecutive_auth, j ->> 'prev_delay_ms' AS prev_delay_ms, j ->> \
-    'first_attempt_at' AS first_attempt_at, j ->> 'run_at' AS run_at, j ->> 'defer_reason' \
-    AS defer_reason, j ->> 'dead_reason' AS dead_reason, j ->> 'last_error' AS last_error, j \
-    ->> 'result' AS result, j ->> 'finished_at' AS finished_at, j ->> 'updated_at' AS \
-    updated_at, j ->> 'has_attempt' AS has_attempt, j ->> 'worker' AS worker, j ->> \
-    'started_at' AS started_at, j ->> 'duration_ms' AS duration_ms, j ->> 'class' AS class, \
-    j ->> 'http_status' AS http_status, j ->> 'error' AS error, j ->> 'delay_ms' AS \
-    delay_ms, j ->> 'mode' AS mode, j ->> 'counted' AS counted FROM r) UPDATE redrive_jobs \
+const COMPLETE_JOBS_SQL: &str = "UPDATE redrive_jobs \
     SET state = v.state, attempts = v.attempts, exceptions = v.exceptions, defers = \
     v.defers, consecutive_auth = v.consecutive_auth, prev_delay_ms = v.prev_delay_ms, \
     first_attempt_at = v.first_attempt_at, run_at = COALESCE(v.run_at, redrive_jobs.run_at), \
@@ -233,3 +287,22 @@ fn split_synchronous(url: &str) -> Result<(String, SqliteSynchronous)> {
 }
 
 crate::ops::shared_ops!(SqliteStore, Sqlite, SqliteConnection);
+
+#[cfg(test)]
+mod tests {
+    /// The SQL reads `->> n` by [`super::COMPLETION_FIELDS`]; `positional` must send the fields
+    /// in that order, which is the struct's declaration order.
+    #[test]
+    fn completion_fields_follow_the_row_struct() {
+        let src = include_str!("batch.rs");
+        let body = &src[src.find("pub(crate) struct CompletionRow {").unwrap()..];
+        let body = &body[..body.find('}').unwrap()];
+        let names: Vec<&str> = body
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("pub(crate) "))
+            .filter_map(|l| l.split(':').next())
+            .filter(|n| !n.starts_with("struct"))
+            .collect();
+        assert_eq!(names, super::COMPLETION_FIELDS);
+    }
+}

@@ -171,6 +171,7 @@ conformance!(
     cancel_revokes_a_running_lease,
     counts_next_due_and_prune,
     wake_up_on_enqueue,
+    list_by_every_state_and_counts,
 );
 
 mod cases {
@@ -1032,5 +1033,101 @@ mod cases {
             .await
             .expect("woken")
             .unwrap();
+    }
+    /// Migration 0002 keeps by-state indexes only for `dead` and `cancelled`: every state's
+    /// list (with and without a queue, paged) and the counts must still be exact.
+    pub(super) async fn list_by_every_state_and_counts(s: &Store) {
+        let now = ms(T0);
+        let mut want: Vec<(String, JobState, JobId)> = Vec::new();
+        for q in ["a", "b"] {
+            let sched = s
+                .enqueue(&job(q).run_at(ms(T0 + 60_000)), now)
+                .await
+                .unwrap();
+            want.push((q.into(), JobState::Scheduled, sched.job.id));
+            let ids: Vec<JobId> = s
+                .enqueue_many(&(0..6).map(|_| job(q)).collect::<Vec<_>>(), now)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|e| e.job.id)
+                .collect();
+            let mut claimed = s.claim(&claim_params(q, 5, now)).await.unwrap();
+            assert_eq!(claimed.len(), 5);
+            want.push((q.into(), JobState::Available, ids[5]));
+            let running = claimed.pop().unwrap();
+            want.push((q.into(), JobState::Running, running.id));
+            let succ = claimed.pop().unwrap();
+            s.complete(&done(&succ, now)).await.unwrap();
+            want.push((q.into(), JobState::Succeeded, succ.id));
+            let dead = claimed.pop().unwrap();
+            let t = Transition::Dead {
+                reason: DeadReason::Permanent,
+            };
+            s.complete(&with(&dead, t, now)).await.unwrap();
+            want.push((q.into(), JobState::Dead, dead.id));
+            let deferred = claimed.pop().unwrap();
+            let t = Transition::Deferred {
+                until: ms(T0 + 90_000),
+                reason: DeferReason::Backoff,
+                delay: Duration::from_secs(90),
+            };
+            s.complete(&with(&deferred, t, now)).await.unwrap();
+            want.push((q.into(), JobState::Deferred, deferred.id));
+            let cancelled = claimed.pop().unwrap();
+            s.cancel(cancelled.id, now).await.unwrap();
+            want.push((q.into(), JobState::Cancelled, cancelled.id));
+        }
+        for st in JobState::ALL {
+            for queue in [None, Some("a"), Some("b")] {
+                let expect: Vec<JobId> = want
+                    .iter()
+                    .filter(|(q, s2, _)| *s2 == st && queue.is_none_or(|x| x == q))
+                    .map(|w| w.2)
+                    .collect();
+                let mut got = Vec::new();
+                let mut after = None;
+                loop {
+                    let page = s
+                        .list(&ListParams {
+                            state: Some(st),
+                            queue: queue.map(Into::into),
+                            after,
+                            limit: Some(1),
+                            ..Default::default()
+                        })
+                        .await
+                        .unwrap();
+                    assert!(page.jobs.iter().all(|j| j.state == st));
+                    got.extend(page.jobs.iter().map(|j| j.id));
+                    match page.next {
+                        Some(n) => after = Some(n),
+                        None => break,
+                    }
+                }
+                assert_eq!(got, expect, "list state {st:?} queue {queue:?}");
+            }
+        }
+        let dead = s
+            .list(&ListParams {
+                state: Some(JobState::Dead),
+                dead_reason: Some("permanent".into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(dead.jobs.len(), 2);
+        let all = s.list(&ListParams::default()).await.unwrap();
+        assert_eq!(all.jobs.len(), want.len());
+        let mut expect: Vec<QueueCount> = want
+            .iter()
+            .map(|(q, st, _)| QueueCount {
+                queue: q.clone(),
+                state: *st,
+                count: 1,
+            })
+            .collect();
+        expect.sort_by(|x, y| (&x.queue, x.state.as_str()).cmp(&(&y.queue, y.state.as_str())));
+        assert_eq!(s.counts().await.unwrap(), expect);
     }
 }
