@@ -433,6 +433,10 @@ impl Worker {
                         _ = tokio::time::sleep_until(until) => break,
                     }
                 }
+                if stop.is_cancelled() {
+                    // Shutdown arrived while lingering: claim nothing more.
+                    break;
+                }
             }
             wake.borrow_and_update();
             let p = ClaimParams {
