@@ -35,7 +35,10 @@ impl SqliteStore {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(synchronous)
             .foreign_keys(true)
-            .busy_timeout(Duration::from_secs(10));
+            .busy_timeout(Duration::from_secs(10))
+            // A claim or completion returns up to a batch of rows; with sqlx's default of 50
+            // the connection thread stops every 50 rows until the caller has read them.
+            .row_buffer_size(crate::MAX_BATCH);
         let pool = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(1)
@@ -106,29 +109,64 @@ impl SqliteStore {
             .await?)
     }
 
-    /// A batch of fenced completions in one transaction and two statements, each with the whole
-    /// batch as one JSON parameter: the attempts of the completions whose lease still holds,
-    /// then the jobs' update (same fence). Returns the ids that applied.
+    /// A batch of fenced completions in one transaction: the attempts of the completions whose
+    /// lease still holds, then the jobs' update (same fence), each as statements over a
+    /// `VALUES` list of bound parameters, in chunks of [`COMPLETION_CHUNKS`] rows so that a
+    /// few prepared statements serve every batch size. Returns the ids that applied.
     pub(crate) async fn complete_batch(
         &self,
         cs: &[crate::Completion],
     ) -> Result<std::collections::HashSet<i64>> {
         let rows: Vec<crate::batch::CompletionRow> =
             cs.iter().map(crate::batch::CompletionRow::of).collect();
-        let data = json_text(&rows.iter().map(positional).collect::<Vec<_>>())?;
+        let with_attempt: Vec<&crate::batch::CompletionRow> =
+            rows.iter().filter(|r| r.has_attempt).collect();
         let mut tx = self.tx().await?;
-        if rows.iter().any(|r| r.has_attempt) {
-            sqlx::query(sqlx::AssertSqlSafe(COMPLETE_ATTEMPTS.as_str()))
-                .bind(&data)
-                .execute(&mut *tx)
-                .await?;
+        for (chunk, sql) in chunked(&with_attempt, &COMPLETE_ATTEMPTS) {
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for r in chunk {
+                q = q
+                    .bind(r.id)
+                    .bind(r.token)
+                    .bind(r.worker.as_deref())
+                    .bind(r.started_at)
+                    .bind(r.duration_ms)
+                    .bind(r.class)
+                    .bind(r.http_status)
+                    .bind(r.error.as_deref())
+                    .bind(r.delay_ms)
+                    .bind(r.mode)
+                    .bind(r.counted);
+            }
+            q.execute(&mut *tx).await?;
         }
-        let applied: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(COMPLETE_JOBS.as_str()))
-            .bind(&data)
-            .fetch_all(&mut *tx)
-            .await?;
+        let all: Vec<&crate::batch::CompletionRow> = rows.iter().collect();
+        let mut applied = std::collections::HashSet::with_capacity(rows.len());
+        for (chunk, sql) in chunked(&all, &COMPLETE_JOBS) {
+            let mut q = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql));
+            for r in chunk {
+                q = q
+                    .bind(r.id)
+                    .bind(r.token)
+                    .bind(r.state)
+                    .bind(r.attempts)
+                    .bind(r.exceptions)
+                    .bind(r.defers)
+                    .bind(r.consecutive_auth)
+                    .bind(r.prev_delay_ms)
+                    .bind(r.first_attempt_at)
+                    .bind(r.run_at)
+                    .bind(r.defer_reason)
+                    .bind(r.dead_reason)
+                    .bind(r.last_error.as_deref())
+                    .bind(r.result.as_deref())
+                    .bind(r.finished_at)
+                    .bind(r.updated_at);
+            }
+            applied.extend(q.fetch_all(&mut *tx).await?);
+        }
         tx.commit().await?;
-        Ok(applied.into_iter().collect())
+        Ok(applied)
     }
 
     /// Claims need no gate here: there is one writer connection.
@@ -140,44 +178,6 @@ impl SqliteStore {
         self.wake.send_modify(|v| *v = v.wrapping_add(1));
     }
 }
-
-/// One completion as a JSON array in [`COMPLETION_FIELDS`] order.
-fn positional(r: &crate::batch::CompletionRow) -> serde_json::Value {
-    serde_json::json!([
-        r.id,
-        r.token,
-        r.state,
-        r.attempts,
-        r.exceptions,
-        r.defers,
-        r.consecutive_auth,
-        r.prev_delay_ms,
-        r.first_attempt_at,
-        r.run_at,
-        r.defer_reason,
-        r.dead_reason,
-        r.last_error,
-        r.result,
-        r.finished_at,
-        r.updated_at,
-        r.has_attempt,
-        r.worker,
-        r.started_at,
-        r.duration_ms,
-        r.class,
-        r.http_status,
-        r.error,
-        r.delay_ms,
-        r.mode,
-        r.counted
-    ])
-}
-
-/// The two completion statements, each prefixed with the batch's rows.
-static COMPLETE_ATTEMPTS: std::sync::LazyLock<String> =
-    std::sync::LazyLock::new(|| format!("{COMPLETION_ROWS}{COMPLETE_ATTEMPTS_SQL}"));
-static COMPLETE_JOBS: std::sync::LazyLock<String> =
-    std::sync::LazyLock::new(|| format!("{COMPLETION_ROWS}{COMPLETE_JOBS_SQL}"));
 
 fn json_text(v: &impl serde::Serialize) -> Result<String> {
     serde_json::to_string(v).map_err(|e| StoreError::Invalid {
@@ -198,57 +198,32 @@ const INSERT_JSON: &str = "INSERT INTO redrive_jobs (queue, kind, payload, idemp
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
     RETURNING id, queue, idempotency_key";
 
-/// The batch's rows, read once each from `json_each` and each field once (every `value`
-/// reference re-renders the row as text, which made reading fields in place cost more than
-/// the writes). Rows are positional arrays in [`COMPLETION_FIELDS`] order: `->> n` is a
-/// step, not a key search.
-const COMPLETION_ROWS: &str = "WITH r AS MATERIALIZED (SELECT value AS j FROM json_each($1)), \
-    v AS MATERIALIZED (SELECT j ->> 0 AS id, j ->> 1 AS token, j ->> 2 AS state, j ->> 3 AS attempts, j ->> 4 AS exceptions, j ->> 5 AS defers, j ->> 6 AS consecutive_auth, j ->> 7 AS prev_delay_ms, j ->> 8 AS first_attempt_at, j ->> 9 AS run_at, j ->> 10 AS defer_reason, j ->> 11 AS dead_reason, j ->> 12 AS last_error, j ->> 13 AS result, j ->> 14 AS finished_at, j ->> 15 AS updated_at, j ->> 16 AS has_attempt, j ->> 17 AS worker, j ->> 18 AS started_at, j ->> 19 AS duration_ms, j ->> 20 AS class, j ->> 21 AS http_status, j ->> 22 AS error, j ->> 23 AS delay_ms, j ->> 24 AS mode, j ->> 25 AS counted FROM r) ";
+/// Chunk sizes of a completion batch, largest first: a batch of 200 runs as 128 + 32 + 32 +
+/// 8 rows. Parameters are anonymous (`?`): sqlx looks each named one up in a list, which
+/// makes binding cost grow with the square of their number.
+const COMPLETION_CHUNKS: [usize; 4] = [128, 32, 8, 1];
 
-/// The field order of a completion row as [`complete_batch`](SqliteStore::complete_batch) sends it.
-#[cfg(test)]
-const COMPLETION_FIELDS: [&str; 26] = [
-    "id",
-    "token",
-    "state",
-    "attempts",
-    "exceptions",
-    "defers",
-    "consecutive_auth",
-    "prev_delay_ms",
-    "first_attempt_at",
-    "run_at",
-    "defer_reason",
-    "dead_reason",
-    "last_error",
-    "result",
-    "finished_at",
-    "updated_at",
-    "has_attempt",
-    "worker",
-    "started_at",
-    "duration_ms",
-    "class",
-    "http_status",
-    "error",
-    "delay_ms",
-    "mode",
-    "counted",
-];
+/// Columns of the attempts' rows, in bind order.
+const ATTEMPT_COLUMNS: &str = "id, token, worker, started_at, duration_ms, class, http_status, \
+    error, delay_ms, mode, counted";
+
+/// Columns of the jobs' rows, in bind order.
+const JOB_COLUMNS: &str = "id, token, state, attempts, exceptions, defers, consecutive_auth, \
+    prev_delay_ms, first_attempt_at, run_at, defer_reason, dead_reason, last_error, result, \
+    finished_at, updated_at";
 
 /// The attempts of a batch of completions, for the jobs whose lease (id, token, running)
-/// still holds.
+/// still holds. (`+state`: not through a state index, so that the plan walks the batch and
+/// looks each job up by id; the same in the jobs' update.)
 const COMPLETE_ATTEMPTS_SQL: &str = "INSERT INTO \
     redrive_attempts (job_id, number, replay, lease_token, worker, started_at, duration_ms, \
     class, http_status, error, delay_ms, mode, counted) SELECT j.id, (SELECT COUNT(*) + 1 \
     FROM redrive_attempts a WHERE a.job_id = j.id AND a.replay = j.replays), j.replays, \
     j.lease_token, v.worker, v.started_at, v.duration_ms, v.class, v.http_status, v.error, \
     v.delay_ms, v.mode, v.counted FROM v JOIN redrive_jobs j ON j.id = v.id WHERE \
-    j.lease_token = v.token AND +j.state = 'running' AND v.has_attempt";
+    j.lease_token = v.token AND +j.state = 'running'";
 
-/// The fenced update of a batch of completions; returns the ids that applied. (`+state`: not
-/// through a state index, so that the plan walks the batch and looks each job up by id;
-/// the same in the attempts' insert.)
+/// The fenced update of a batch of completions; returns the ids that applied.
 const COMPLETE_JOBS_SQL: &str = "UPDATE redrive_jobs \
     SET state = v.state, attempts = v.attempts, exceptions = v.exceptions, defers = \
     v.defers, consecutive_auth = v.consecutive_auth, prev_delay_ms = v.prev_delay_ms, \
@@ -260,6 +235,35 @@ const COMPLETE_JOBS_SQL: &str = "UPDATE redrive_jobs \
     redrive_jobs.lease_expires_at END, finished_at = v.finished_at, updated_at = \
     v.updated_at FROM v WHERE redrive_jobs.id = v.id AND redrive_jobs.lease_token = v.token \
     AND +redrive_jobs.state = 'running' RETURNING redrive_jobs.id";
+
+/// One statement per chunk size: `WITH v(columns) AS (VALUES (?, …), …)` and the body.
+fn completion_statements(columns: &str, body: &str) -> [String; 4] {
+    let width = columns.split(',').count();
+    COMPLETION_CHUNKS.map(|rows| {
+        let row = format!("({})", vec!["?"; width].join(", "));
+        let values = vec![row; rows].join(", ");
+        format!("WITH v({columns}) AS MATERIALIZED (VALUES {values}) {body}")
+    })
+}
+
+static COMPLETE_ATTEMPTS: std::sync::LazyLock<[String; 4]> =
+    std::sync::LazyLock::new(|| completion_statements(ATTEMPT_COLUMNS, COMPLETE_ATTEMPTS_SQL));
+static COMPLETE_JOBS: std::sync::LazyLock<[String; 4]> =
+    std::sync::LazyLock::new(|| completion_statements(JOB_COLUMNS, COMPLETE_JOBS_SQL));
+
+/// Splits `rows` greedily into chunks of the sizes in [`COMPLETION_CHUNKS`], each with the
+/// statement for its size.
+fn chunked<'a, T>(mut rows: &'a [T], statements: &'a [String; 4]) -> Vec<(&'a [T], &'a str)> {
+    let mut out = Vec::new();
+    for (size, sql) in COMPLETION_CHUNKS.iter().zip(statements) {
+        while rows.len() >= *size {
+            let (head, rest) = rows.split_at(*size);
+            out.push((head, sql.as_str()));
+            rows = rest;
+        }
+    }
+    out
+}
 
 fn split_synchronous(url: &str) -> Result<(String, SqliteSynchronous)> {
     let Some((base, query)) = url.split_once('?') else {
@@ -290,19 +294,21 @@ crate::ops::shared_ops!(SqliteStore, Sqlite, SqliteConnection);
 
 #[cfg(test)]
 mod tests {
-    /// The SQL reads `->> n` by [`super::COMPLETION_FIELDS`]; `positional` must send the fields
-    /// in that order, which is the struct's declaration order.
+    use super::*;
+
     #[test]
-    fn completion_fields_follow_the_row_struct() {
-        let src = include_str!("batch.rs");
-        let body = &src[src.find("pub(crate) struct CompletionRow {").unwrap()..];
-        let body = &body[..body.find('}').unwrap()];
-        let names: Vec<&str> = body
-            .lines()
-            .filter_map(|l| l.trim().strip_prefix("pub(crate) "))
-            .filter_map(|l| l.split(':').next())
-            .filter(|n| !n.starts_with("struct"))
-            .collect();
-        assert_eq!(names, super::COMPLETION_FIELDS);
+    fn chunks_cover_every_row_once_in_order() {
+        let statements = completion_statements(ATTEMPT_COLUMNS, COMPLETE_ATTEMPTS_SQL);
+        for n in [0usize, 1, 7, 8, 9, 41, 128, 200, 333] {
+            let rows: Vec<usize> = (0..n).collect();
+            let chunks = chunked(&rows, &statements);
+            let flat: Vec<usize> = chunks.iter().flat_map(|(c, _)| c.iter().copied()).collect();
+            assert_eq!(flat, rows, "n = {n}");
+            for (c, sql) in &chunks {
+                // Each statement has exactly one placeholder per bound value.
+                let width = ATTEMPT_COLUMNS.split(',').count();
+                assert_eq!(sql.matches('?').count(), c.len() * width, "n = {n}");
+            }
+        }
     }
 }

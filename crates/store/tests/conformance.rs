@@ -172,6 +172,7 @@ conformance!(
     counts_next_due_and_prune,
     wake_up_on_enqueue,
     list_by_every_state_and_counts,
+    large_mixed_batch_applies_each_item_alone,
 );
 
 mod cases {
@@ -1036,6 +1037,112 @@ mod cases {
     }
     /// Migration 0002 keeps by-state indexes only for `dead` and `cancelled`: every state's
     /// list (with and without a queue, paged) and the counts must still be exact.
+    /// 203 completions in one `complete_many` (SQLite splits it into chunks of 128, 32, 8
+    /// and 1 rows): successes, defers with an HTTP status, releases without an attempt,
+    /// dead-letters, and every seventh with a stale token. Each item applies or fails on
+    /// its own, with its own fields.
+    pub(super) async fn large_mixed_batch_applies_each_item_alone(s: &Store) {
+        let now = ms(T0);
+        let batch: Vec<NewJob> = (0..203).map(|_| job("mix")).collect();
+        s.enqueue_many(&batch, now).await.unwrap();
+        let jobs = s.claim(&claim_params("mix", 203, now)).await.unwrap();
+        assert_eq!(jobs.len(), 203);
+        let until = ms(T0 + 60_000);
+        let later = ms(T0 + 10);
+        let cs: Vec<Completion> = jobs
+            .iter()
+            .enumerate()
+            .map(|(i, j)| {
+                let mut c = match i % 4 {
+                    0 => {
+                        let mut c = done(j, later);
+                        c.transition = Transition::Succeeded {
+                            result: json!({"i": i}),
+                        };
+                        c
+                    }
+                    1 => {
+                        let mut c = with(
+                            j,
+                            Transition::Deferred {
+                                until,
+                                reason: DeferReason::RateLimited,
+                                delay: Duration::from_secs(60),
+                            },
+                            later,
+                        );
+                        c.attempt.as_mut().unwrap().http_status = Some(429);
+                        c.error = Some(format!("429 number {i}"));
+                        c
+                    }
+                    2 => Completion {
+                        lease: j.lease(),
+                        attempt: None,
+                        counters: j.counters(),
+                        transition: Transition::Released,
+                        error: None,
+                        now: later,
+                    },
+                    _ => with(
+                        j,
+                        Transition::Dead {
+                            reason: DeadReason::Permanent,
+                        },
+                        later,
+                    ),
+                };
+                if i % 7 == 3 {
+                    c.lease.token += 1_000;
+                }
+                c
+            })
+            .collect();
+        let results = s.complete_many(&cs).await.unwrap();
+        assert_eq!(results.len(), 203);
+        for (i, (j, r)) in jobs.iter().zip(&results).enumerate() {
+            let got = s.get(j.id).await.unwrap().unwrap();
+            let attempts = s.attempts(j.id).await.unwrap();
+            if i % 7 == 3 {
+                assert!(r.as_ref().unwrap_err().is_lease_lost(), "item {i}: {r:?}");
+                assert_eq!(got.state, JobState::Running, "item {i}");
+                assert!(attempts.is_empty(), "item {i}: {attempts:?}");
+                continue;
+            }
+            r.as_ref().unwrap_or_else(|e| panic!("item {i}: {e}"));
+            match i % 4 {
+                0 => {
+                    assert_eq!(got.state, JobState::Succeeded, "item {i}");
+                    assert_eq!(got.result, Some(json!({"i": i})), "item {i}");
+                    assert_eq!(attempts.len(), 1, "item {i}");
+                    assert_eq!(attempts[0].class, "success", "item {i}");
+                }
+                1 => {
+                    assert_eq!(got.state, JobState::Deferred, "item {i}");
+                    assert_eq!(got.run_at, until, "item {i}");
+                    assert_eq!(got.defer_reason.as_deref(), Some("rate_limited"));
+                    let error = format!("429 number {i}");
+                    assert_eq!(got.last_error.as_deref(), Some(error.as_str()));
+                    assert_eq!(attempts.len(), 1, "item {i}");
+                    assert_eq!(
+                        (attempts[0].number, attempts[0].http_status),
+                        (1, Some(429)),
+                        "item {i}"
+                    );
+                    assert_eq!(attempts[0].mode.as_deref(), Some("defer"), "item {i}");
+                }
+                2 => {
+                    assert_eq!(got.state, JobState::Available, "item {i}");
+                    assert!(attempts.is_empty(), "item {i}: {attempts:?}");
+                }
+                _ => {
+                    assert_eq!(got.state, JobState::Dead, "item {i}");
+                    assert_eq!(got.dead_reason.as_deref(), Some("permanent"), "item {i}");
+                    assert_eq!(attempts.len(), 1, "item {i}");
+                }
+            }
+        }
+    }
+
     pub(super) async fn list_by_every_state_and_counts(s: &Store) {
         let now = ms(T0);
         let mut want: Vec<(String, JobState, JobId)> = Vec::new();
