@@ -378,6 +378,10 @@ pub(crate) struct DemoArgs {
     /// A healthy PSP (no faults): for measuring throughput.
     #[arg(long = "no-faults")]
     pub(crate) no_faults: bool,
+    /// Keep the simulator's idempotency layer with `--no-faults` too (the bad day always
+    /// has it), to measure throughput with the layer in front of the charges.
+    #[arg(long = "sim-idempotency-layer")]
+    pub(crate) sim_idempotency_layer: bool,
     /// Where the charts go.
     #[arg(long, default_value = "redrive-demo")]
     pub(crate) out: std::path::PathBuf,
@@ -415,6 +419,10 @@ pub(crate) struct BenchArgs {
     /// Drain concurrency (repeatable); default: 1, 8 and 64.
     #[arg(long)]
     pub(crate) concurrency: Vec<u32>,
+    /// Producers enqueueing at once, each in batches of 5,000 jobs (one transaction per
+    /// batch).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub(crate) producers: u32,
     /// Print one JSON document.
     #[arg(long)]
     pub(crate) json: bool,

@@ -232,6 +232,27 @@ fn bench_runs_small_and_prints_json() {
         2,
         "--concurrency",
     );
+    // Three producers share 301 jobs (101, 100, 100); the drain checks it got every one.
+    let r = ok(&redrive(
+        &db,
+        &[
+            "bench",
+            "--jobs",
+            "301",
+            "--concurrency",
+            "2",
+            "--producers",
+            "3",
+            "--json",
+        ],
+    ));
+    assert_eq!(r["runs"][0]["enqueue_producers"], 3);
+    assert_eq!(r["runs"][0]["jobs"], 301);
+    err(
+        &redrive(&db, &["bench", "--producers", "0"]),
+        2,
+        "--producers",
+    );
 }
 
 #[test]

@@ -25,6 +25,8 @@ const CLAIM_BATCH: u32 = 200;
 struct Run {
     concurrency: u32,
     jobs: u64,
+    /// Producers that enqueued at once (`--producers`), each in batches of 5,000 jobs.
+    enqueue_producers: u32,
     enqueue_jobs_per_s: f64,
     drain_jobs_per_s: f64,
     drain_seconds: f64,
@@ -114,7 +116,7 @@ pub(crate) fn run(global: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         for (i, &c) in levels.iter().enumerate() {
             let s = scratch(&global.db, i as u32).await?;
             backend = s.store.backend();
-            let r = one_run(&s.store, a.jobs, c).await;
+            let r = one_run(&s.store, a.jobs, c, a.producers).await;
             let r = match r {
                 Ok(mut r) => {
                     let pb = bar(0, format!("runtime drain (c={c})"));
@@ -151,7 +153,10 @@ pub(crate) fn run(global: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         if a.json {
             println!("{}", serde_json::to_string_pretty(&report)?);
         } else {
-            println!("backend {}, {} noop jobs per run", report.backend, a.jobs);
+            println!(
+                "backend {}, {} noop jobs per run, enqueued by {} producer(s) in transactions of {ENQUEUE_BATCH}",
+                report.backend, a.jobs, a.producers
+            );
             println!(
                 "{:>11} {:>16} {:>16} {:>22} {:>9}",
                 "concurrency", "enqueue jobs/s", "drain jobs/s", "runtime drain jobs/s", "runtime"
@@ -184,19 +189,36 @@ fn pct(v: &[f64], q: f64) -> f64 {
     v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
-async fn one_run(store: &Store, jobs: u64, concurrency: u32) -> anyhow::Result<Run> {
+async fn one_run(
+    store: &Store,
+    jobs: u64,
+    concurrency: u32,
+    producers: u32,
+) -> anyhow::Result<Run> {
     let now = chrono::Utc::now();
     let pb = bar(jobs, format!("enqueue (c={concurrency})"));
     let t = Instant::now();
-    let mut left = jobs;
-    while left > 0 {
-        let n = left.min(ENQUEUE_BATCH as u64) as usize;
-        let batch: Vec<NewJob> = (0..n)
-            .map(|_| NewJob::new(QUEUE, "noop", json!({})))
-            .collect();
-        store.enqueue_many(&batch, now).await?;
-        left -= n as u64;
-        pb.inc(n as u64);
+    let mut tasks = Vec::new();
+    for p in 0..u64::from(producers) {
+        // Producer p enqueues its share: jobs / producers, the first ones one more.
+        let mut left = jobs / u64::from(producers) + u64::from(p < jobs % u64::from(producers));
+        let store = store.clone();
+        let pb = pb.clone();
+        tasks.push(tokio::spawn(async move {
+            while left > 0 {
+                let n = left.min(ENQUEUE_BATCH as u64) as usize;
+                let batch: Vec<NewJob> = (0..n)
+                    .map(|_| NewJob::new(QUEUE, "noop", json!({})))
+                    .collect();
+                store.enqueue_many(&batch, now).await?;
+                left -= n as u64;
+                pb.inc(n as u64);
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
     }
     let enqueue_s = t.elapsed().as_secs_f64();
     pb.finish_and_clear();
@@ -221,6 +243,7 @@ async fn one_run(store: &Store, jobs: u64, concurrency: u32) -> anyhow::Result<R
     Ok(Run {
         concurrency,
         jobs,
+        enqueue_producers: producers,
         enqueue_jobs_per_s: jobs as f64 / enqueue_s,
         drain_jobs_per_s: jobs as f64 / drain_s,
         drain_seconds: drain_s,
