@@ -5,6 +5,28 @@
 use std::process::Command;
 
 #[test]
+fn healthy_psp_with_and_without_the_simulators_layer() {
+    for layer in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_redrive"));
+        cmd.args(["demo", "--json", "--no-faults", "--charges", "300"])
+            .args(["--concurrency", "8", "--out"])
+            .arg(dir.path())
+            .current_dir(dir.path());
+        if layer {
+            cmd.arg("--sim-idempotency-layer");
+        }
+        let o = cmd.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(r["sim_idempotency_layer"], layer, "{r:#}");
+        assert_eq!(r["succeeded"], 300, "{r:#}");
+        assert_eq!(r["psp"]["charges"], 300);
+        assert_eq!(r["exactly_once"], true);
+    }
+}
+
+#[test]
 fn two_thousand_charges_through_a_bad_day_are_each_made_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
     let o = Command::new(env!("CARGO_BIN_EXE_redrive"))

@@ -39,6 +39,9 @@ struct Report {
     charges_enqueued: u64,
     concurrency: usize,
     scenario: serde_json::Value,
+    /// Whether the simulator's charges ran behind its idempotency layer (always on the bad
+    /// day; with `--no-faults` only when `--sim-idempotency-layer` is given).
+    sim_idempotency_layer: bool,
     seconds: f64,
     jobs_per_s: f64,
     succeeded: u64,
@@ -142,9 +145,10 @@ pub(crate) fn run(_global: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
         let faults = scenario(&a);
         // The bad day needs the simulator's idempotency layer (a lost answer is replayed to
         // the retry). A healthy PSP never loses one, and its ledger still refuses a second
-        // charge for a key, so `--no-faults` leaves the layer out and measures redrive.
+        // charge for a key, so `--no-faults` leaves the layer out and measures redrive, unless
+        // `--sim-idempotency-layer` asks for it.
         let mut sim = PspSim::builder().faults(faults.clone());
-        if !a.no_faults {
+        if !a.no_faults || a.sim_idempotency_layer {
             sim = sim.with_idempotency_layer();
         }
         let sim = sim
@@ -435,6 +439,7 @@ async fn report(
         charges_enqueued: a.charges,
         concurrency: a.concurrency,
         scenario: faults.to_json(),
+        sim_idempotency_layer: !a.no_faults || a.sim_idempotency_layer,
         seconds,
         jobs_per_s: succeeded as f64 / seconds.max(1e-9),
         succeeded,
