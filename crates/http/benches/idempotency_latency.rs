@@ -149,21 +149,9 @@ async fn postgres(url: &str) -> Result<(PostgresStore, PgSchema), String> {
         .execute(&admin)
         .await
         .map_err(|e| e.to_string())?;
-    let set = format!("SET search_path TO {schema}");
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(8)
-        .after_connect(move |conn, _meta| {
-            let set = set.clone();
-            Box::pin(async move {
-                use sqlx::Executor;
-                conn.execute(sqlx::AssertSqlSafe(set)).await?;
-                Ok(())
-            })
-        })
-        .connect(url)
+    let store = PostgresStore::connect_in_schema(url, &schema, 8)
         .await
         .map_err(|e| e.to_string())?;
-    let store = PostgresStore::from_pool(pool);
     store.ensure_schema().await.map_err(|e| e.to_string())?;
     Ok((store, PgSchema { admin, schema }))
 }

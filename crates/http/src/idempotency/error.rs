@@ -218,6 +218,14 @@ pub enum StoreError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A PostgreSQL schema name that is not a plain identifier.
+    #[error(
+        "schema {schema:?} is not a plain identifier (letters, digits and `_`, not starting with a digit, at most 63 bytes)"
+    )]
+    BadSchema {
+        /// The name given.
+        schema: String,
+    },
     /// The linked SQLite is older than the layer needs (`RETURNING`, upsert).
     #[error("sqlite {found} is too old: the idempotency store needs {required} or newer")]
     SqliteTooOld {

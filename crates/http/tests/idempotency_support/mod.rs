@@ -73,23 +73,6 @@ impl Drop for PgSchema {
     }
 }
 
-async fn pg_pool(url: &str, schema: &str) -> Result<sqlx::PgPool, sqlx::Error> {
-    let set = format!("SET search_path TO {schema}");
-    sqlx::postgres::PgPoolOptions::new()
-        .max_connections(10)
-        .acquire_timeout(Duration::from_secs(10))
-        .after_connect(move |conn, _meta| {
-            let set = set.clone();
-            Box::pin(async move {
-                use sqlx::Executor;
-                conn.execute(sqlx::AssertSqlSafe(set)).await?;
-                Ok(())
-            })
-        })
-        .connect(url)
-        .await
-}
-
 impl Backend {
     pub async fn memory() -> Option<Self> {
         let clock = ManualClock::new(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000));
@@ -145,7 +128,9 @@ impl Backend {
             url: url.clone(),
             schema: schema.clone(),
         };
-        let store = PostgresStore::from_pool(pg_pool(&url, &schema).await.expect("pg pool"));
+        let store = PostgresStore::connect_in_schema(&url, &schema, 10)
+            .await
+            .expect("pg pool");
         store.ensure_schema().await.expect("pg schema");
         Some(Self {
             kind: Kind::Postgres,
@@ -172,9 +157,11 @@ impl Backend {
             ),
             Kind::Postgres => {
                 let pg = self.pg.as_ref().unwrap();
-                Arc::new(PostgresStore::from_pool(
-                    pg_pool(&pg.url, &pg.schema).await.unwrap(),
-                ))
+                Arc::new(
+                    PostgresStore::connect_in_schema(&pg.url, &pg.schema, 10)
+                        .await
+                        .unwrap(),
+                )
             }
         }
     }
@@ -196,7 +183,9 @@ impl Backend {
             }
             Kind::Postgres => {
                 let pg = self.pg.as_ref().unwrap();
-                let s = PostgresStore::from_pool(pg_pool(&pg.url, &pg.schema).await.unwrap());
+                let s = PostgresStore::connect_in_schema(&pg.url, &pg.schema, 10)
+                    .await
+                    .unwrap();
                 s.close().await;
                 Arc::new(s)
             }

@@ -101,6 +101,58 @@ impl PostgresStore {
         Ok(Self { pool })
     }
 
+    /// Connects to `url` with a pool of `max_connections` whose connections all work in
+    /// `schema` (it must exist; [`IdempotencyStore::ensure_schema`] then creates the table
+    /// there). For tests and benchmarks that need a database of their own, and for putting
+    /// the table outside `public`.
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), redrive_http::idempotency::StoreError> {
+    /// use redrive_http::idempotency::{IdempotencyStore, PostgresStore};
+    /// let store =
+    ///     PostgresStore::connect_in_schema("postgres://postgres@127.0.0.1/test", "payments", 8)
+    ///         .await?;
+    /// store.ensure_schema().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`StoreError::BadSchema`] when `schema` is not a plain identifier;
+    /// [`StoreError::Database`] when the server cannot be reached.
+    pub async fn connect_in_schema(
+        url: &str,
+        schema: &str,
+        max_connections: u32,
+    ) -> Result<Self, StoreError> {
+        let plain = !schema.is_empty()
+            && schema.len() <= 63
+            && !schema.starts_with(|c: char| c.is_ascii_digit())
+            && schema
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !plain {
+            return Err(StoreError::BadSchema {
+                schema: schema.to_owned(),
+            });
+        }
+        let set = format!("SET search_path TO {schema}");
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(10))
+            .after_connect(move |conn, _meta| {
+                let set = set.clone();
+                Box::pin(async move {
+                    use sqlx::Executor;
+                    conn.execute(sqlx::AssertSqlSafe(set)).await?;
+                    Ok(())
+                })
+            })
+            .connect(url)
+            .await
+            .map_err(StoreError::db("connect"))?;
+        Ok(Self { pool })
+    }
+
     /// The pool.
     #[must_use]
     pub fn pool(&self) -> &PgPool {
@@ -325,5 +377,31 @@ impl IdempotencyStore for PostgresStore {
                 abandoned: u64::try_from(abandoned).unwrap_or(0),
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_schema_that_is_not_a_plain_identifier_is_refused_before_connecting() {
+        for bad in [
+            "",
+            "1abc",
+            "a;DROP TABLE x",
+            "a b",
+            "\"q\"",
+            &"x".repeat(64),
+        ] {
+            // Port 1: nothing listens, so only the name check can answer.
+            let e = PostgresStore::connect_in_schema("postgres://nobody@127.0.0.1:1/x", bad, 1)
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(&e, StoreError::BadSchema { schema } if schema == bad),
+                "{bad:?}: {e}"
+            );
+        }
     }
 }
