@@ -227,6 +227,9 @@ fn bench_runs_small_and_prints_json() {
             .all(|x| x["drain_jobs_per_s"].as_f64().unwrap() > 0.0 && x["jobs"] == 300)
     );
     assert!(r["pickup_latency_ms_p50"].as_f64().unwrap() >= 0.0);
+    // Every scheduled job ran (the bench fails otherwise).
+    assert_eq!(r["scheduled_pickup_samples"], 200);
+    assert!(r["scheduled_pickup_latency_ms_p50"].as_f64().unwrap() >= 0.0);
     err(
         &redrive(&db, &["bench", "--concurrency", "0"]),
         2,

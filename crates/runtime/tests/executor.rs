@@ -195,3 +195,70 @@ async fn a_panic_is_an_exception_and_the_worker_survives() {
         j.state
     );
 }
+
+/// Records when each job started.
+#[derive(Debug, Default)]
+struct Started(std::sync::Mutex<Vec<(i64, chrono::DateTime<chrono::Utc>)>>);
+impl Handler for Started {
+    fn run(&self, ctx: JobContext) -> BoxFuture<'static, Attempted> {
+        self.0.lock().unwrap().push((ctx.job_id, chrono::Utc::now()));
+        Box::pin(async { Attempted::success(json!(null)) })
+    }
+}
+
+#[tokio::test]
+async fn an_idle_worker_starts_a_scheduled_job_at_its_run_at_not_at_the_next_poll() {
+    let (s, _d) = store().await;
+    let h = Arc::new(Started::default());
+    let worker = Worker::builder(s.clone(), vec!["q".into()])
+        .handler("stamp", h.clone())
+        .poll_interval(std::time::Duration::from_secs(60))
+        .gauge_interval(None)
+        .build();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn({
+        let stop = stop.clone();
+        async move { worker.run(stop).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    // The worker first sleeps towards a job due in 30 s, then a job due sooner arrives.
+    let now = chrono::Utc::now();
+    let later = s
+        .enqueue(
+            &NewJob::new("q", "stamp", json!({})).run_at(now + chrono::Duration::seconds(30)),
+            now,
+        )
+        .await
+        .unwrap()
+        .job
+        .id;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let now = chrono::Utc::now();
+    let due = now + chrono::Duration::milliseconds(300);
+    let soon = s
+        .enqueue(&NewJob::new("q", "stamp", json!({})).run_at(due), now)
+        .await
+        .unwrap()
+        .job
+        .id;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while h.0.lock().unwrap().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job due in 300 ms did not start within 20 s (poll interval 60 s)"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    stop.cancel();
+    run.await.unwrap().unwrap();
+    let started = h.0.lock().unwrap().clone();
+    assert_eq!(started.len(), 1, "only the job that was due ran: {started:?}");
+    assert_eq!(started[0].0, soon);
+    // Stored times have millisecond precision.
+    assert!(
+        started[0].1 >= due - chrono::Duration::milliseconds(1),
+        "started {} before its run_at {due}",
+        started[0].1
+    );
+    assert_eq!(s.get(later).await.unwrap().unwrap().state, JobState::Scheduled);
+}
