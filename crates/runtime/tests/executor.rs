@@ -201,7 +201,10 @@ async fn a_panic_is_an_exception_and_the_worker_survives() {
 struct Started(std::sync::Mutex<Vec<(i64, chrono::DateTime<chrono::Utc>)>>);
 impl Handler for Started {
     fn run(&self, ctx: JobContext) -> BoxFuture<'static, Attempted> {
-        self.0.lock().unwrap().push((ctx.job_id, chrono::Utc::now()));
+        self.0
+            .lock()
+            .unwrap()
+            .push((ctx.job_id, chrono::Utc::now()));
         Box::pin(async { Attempted::success(json!(null)) })
     }
 }
@@ -252,7 +255,11 @@ async fn an_idle_worker_starts_a_scheduled_job_at_its_run_at_not_at_the_next_pol
     stop.cancel();
     run.await.unwrap().unwrap();
     let started = h.0.lock().unwrap().clone();
-    assert_eq!(started.len(), 1, "only the job that was due ran: {started:?}");
+    assert_eq!(
+        started.len(),
+        1,
+        "only the job that was due ran: {started:?}"
+    );
     assert_eq!(started[0].0, soon);
     // Stored times have millisecond precision.
     assert!(
@@ -260,5 +267,8 @@ async fn an_idle_worker_starts_a_scheduled_job_at_its_run_at_not_at_the_next_pol
         "started {} before its run_at {due}",
         started[0].1
     );
-    assert_eq!(s.get(later).await.unwrap().unwrap().state, JobState::Scheduled);
+    assert_eq!(
+        s.get(later).await.unwrap().unwrap().state,
+        JobState::Scheduled
+    );
 }

@@ -29,6 +29,9 @@ pub struct PgStore {
 /// for a permit (a claim takes a few milliseconds); completions are not limited.
 pub(crate) const CLAIM_CONCURRENCY: usize = 4;
 
+/// How long [`PgStore::connect`] waits for the server (and the pool for a connection).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl PgStore {
     /// Connects to `url` (`postgres://…`), in schema `schema` (created if missing; default
     /// `public`), and migrates.
@@ -49,17 +52,34 @@ impl PgStore {
                 reason: "use letters, digits and _ (at most 40)".into(),
             });
         }
+        // One connection first, on its own: a pool that cannot connect only reports that it
+        // timed out, while this reports why (refused, unknown host, bad password, no such
+        // database), and at once.
+        let mut conn = match tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            <PgConnection as sqlx::Connection>::connect_with(&opts),
+        )
+        .await
+        {
+            Ok(conn) => conn?,
+            Err(_) => {
+                return Err(StoreError::Database(sqlx::Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no connection within {} s", CONNECT_TIMEOUT.as_secs()),
+                ))));
+            }
+        };
         if schema != "public" {
-            let mut conn = <PgConnection as sqlx::Connection>::connect_with(&opts).await?;
             conn.execute(sqlx::AssertSqlSafe(format!(
                 "CREATE SCHEMA IF NOT EXISTS \"{schema}\""
             )))
             .await?;
         }
+        let _ = sqlx::Connection::close(conn).await;
         let search_path = schema.clone();
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(2))
-            .acquire_timeout(Duration::from_secs(10))
+            .acquire_timeout(CONNECT_TIMEOUT)
             .after_connect(move |conn, _| {
                 let sp = search_path.clone();
                 Box::pin(async move {
