@@ -420,9 +420,9 @@ pub(crate) struct BenchArgs {
     #[arg(long)]
     pub(crate) concurrency: Vec<u32>,
     /// Producers enqueueing at once, each in batches of 5,000 jobs (one transaction per
-    /// batch).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub(crate) producers: u32,
+    /// batch); default: 1 on SQLite (one writer), 4 on PostgreSQL (a server process each).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub(crate) producers: Option<u32>,
     /// Print one JSON document.
     #[arg(long)]
     pub(crate) json: bool,

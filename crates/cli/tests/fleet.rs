@@ -252,3 +252,31 @@ fn a_retry_after_answered_to_one_process_delays_the_other() {
     assert_eq!(early, 0, "calls during the Retry-After: {log:?}");
     assert_eq!(log.iter().filter(|(_, s)| *s == 200).count(), 30);
 }
+
+#[test]
+fn bench_on_postgres_enqueues_from_four_producers_by_default() {
+    let Some((pg, _)) = schema() else { return };
+    block(pg.drop_schema()).unwrap();
+    let url = std::env::var("REDRIVE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let o = Command::new(env!("CARGO_BIN_EXE_redrive"))
+        .args([
+            "--db",
+            &url,
+            "bench",
+            "--jobs",
+            "301",
+            "--concurrency",
+            "2",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "stderr: {stderr}");
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["backend"], "postgres");
+    assert_eq!(r["runs"][0]["enqueue_producers"], 4);
+    assert_eq!(r["runs"][0]["jobs"], 301);
+    assert_eq!(r["scheduled_pickup_samples"], 200);
+}

@@ -220,6 +220,10 @@ fn bench_runs_small_and_prints_json() {
         ],
     ));
     assert_eq!(r["backend"], "sqlite");
+    assert_eq!(
+        r["runs"][0]["enqueue_producers"], 1,
+        "one writer: one producer"
+    );
     let runs = r["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 2);
     assert!(

@@ -20,6 +20,9 @@ use crate::error::usage;
 const QUEUE: &str = "bench";
 const ENQUEUE_BATCH: usize = 5_000;
 const CLAIM_BATCH: u32 = 200;
+/// Producers on PostgreSQL unless `--producers` says: one client waiting for each 5,000-row
+/// transaction keeps one server process busy; bulk loads come from several clients.
+const DEFAULT_PG_PRODUCERS: u32 = 4;
 
 #[derive(Debug, Serialize)]
 struct Run {
@@ -115,13 +118,18 @@ pub(crate) fn run(global: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
             "--concurrency: {bad} is out of range 1..=1024"
         )));
     }
+    let producers = a.producers.unwrap_or(if global.db.starts_with("sqlite:") {
+        1
+    } else {
+        DEFAULT_PG_PRODUCERS
+    });
     block_on(async move {
         let mut runs = Vec::new();
         let mut backend = "sqlite";
         for (i, &c) in levels.iter().enumerate() {
             let s = scratch(&global.db, i as u32).await?;
             backend = s.store.backend();
-            let r = one_run(&s.store, a.jobs, c, a.producers).await;
+            let r = one_run(&s.store, a.jobs, c, producers).await;
             let r = match r {
                 Ok(mut r) => {
                     let pb = bar(0, format!("runtime drain (c={c})"));
@@ -168,7 +176,7 @@ pub(crate) fn run(global: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         } else {
             println!(
                 "backend {}, {} noop jobs per run, enqueued by {} producer(s) in transactions of {ENQUEUE_BATCH}",
-                report.backend, a.jobs, a.producers
+                report.backend, a.jobs, producers
             );
             println!(
                 "{:>11} {:>16} {:>16} {:>22} {:>9}",
