@@ -77,6 +77,23 @@ const STUCK: &str = "SELECT COUNT(*) FILTER (WHERE expires_at <= now()), \
      COUNT(*) FILTER (WHERE lock_token IS NOT NULL AND locked_until <= now()) \
      FROM idempotency_keys WHERE state = 'in_progress'";
 
+/// Opens and closes one connection: a pool that cannot connect only reports, after its
+/// acquire timeout, that it timed out; this reports why (refused, unknown host, no such
+/// role or database), at once.
+async fn first_connection(url: &str) -> Result<(), StoreError> {
+    let connect = <sqlx::PgConnection as sqlx::Connection>::connect(url);
+    let conn = match tokio::time::timeout(Duration::from_secs(10), connect).await {
+        Ok(conn) => conn.map_err(StoreError::db("connect"))?,
+        Err(_) => {
+            return Err(StoreError::db("connect")(sqlx::Error::Io(
+                std::io::Error::new(std::io::ErrorKind::TimedOut, "no connection within 10 s"),
+            )));
+        }
+    };
+    let _ = sqlx::Connection::close(conn).await;
+    Ok(())
+}
+
 /// Idempotency records in PostgreSQL (shared by every process of the fleet).
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
@@ -95,6 +112,7 @@ impl PostgresStore {
     /// # Errors
     /// [`StoreError::Database`] when the server cannot be reached.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        first_connection(url).await?;
         let pool = PgPool::connect(url)
             .await
             .map_err(StoreError::db("connect"))?;
@@ -135,6 +153,7 @@ impl PostgresStore {
                 schema: schema.to_owned(),
             });
         }
+        first_connection(url).await?;
         let set = format!("SET search_path TO {schema}");
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(max_connections)
@@ -402,6 +421,21 @@ mod tests {
                 matches!(&e, StoreError::BadSchema { schema } if schema == bad),
                 "{bad:?}: {e}"
             );
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_server_is_reported_with_its_cause_not_as_a_pool_timeout() {
+        for e in [
+            PostgresStore::connect("postgres://nobody@127.0.0.1:1/x")
+                .await
+                .unwrap_err(),
+            PostgresStore::connect_in_schema("postgres://nobody@127.0.0.1:1/x", "s", 1)
+                .await
+                .unwrap_err(),
+        ] {
+            let text = format!("{e}: {:?}", std::error::Error::source(&e));
+            assert!(text.contains("refused"), "{text}");
         }
     }
 }
