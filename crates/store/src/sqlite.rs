@@ -198,10 +198,15 @@ const INSERT_JSON: &str = "INSERT INTO redrive_jobs (queue, kind, payload, idemp
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
     RETURNING id, queue, idempotency_key";
 
-/// Chunk sizes of a completion batch, largest first: a batch of 200 runs as 128 + 32 + 32 +
-/// 8 rows. Parameters are anonymous (`?`): sqlx looks each named one up in a list, which
-/// makes binding cost grow with the square of their number.
-const COMPLETION_CHUNKS: [usize; 4] = [128, 32, 8, 1];
+/// Chunk sizes of a completion batch, largest first, the powers of two: a batch of 200 runs
+/// as 128 + 64 + 8 rows, and the runtime's group commits (whatever completions are ready, so
+/// any size) take at most one statement per set bit. Parameters are anonymous (`?`): sqlx
+/// looks each named one up in a list, which makes binding cost grow with the square of their
+/// number.
+const COMPLETION_CHUNKS: [usize; CHUNK_SIZES] = [128, 64, 32, 16, 8, 4, 2, 1];
+
+/// How many chunk sizes (prepared statements per completion statement).
+const CHUNK_SIZES: usize = 8;
 
 /// Columns of the attempts' rows, in bind order.
 const ATTEMPT_COLUMNS: &str = "id, token, worker, started_at, duration_ms, class, http_status, \
@@ -237,7 +242,7 @@ const COMPLETE_JOBS_SQL: &str = "UPDATE redrive_jobs \
     AND +redrive_jobs.state = 'running' RETURNING redrive_jobs.id";
 
 /// One statement per chunk size: `WITH v(columns) AS (VALUES (?, …), …)` and the body.
-fn completion_statements(columns: &str, body: &str) -> [String; 4] {
+fn completion_statements(columns: &str, body: &str) -> [String; CHUNK_SIZES] {
     let width = columns.split(',').count();
     COMPLETION_CHUNKS.map(|rows| {
         let row = format!("({})", vec!["?"; width].join(", "));
@@ -246,14 +251,17 @@ fn completion_statements(columns: &str, body: &str) -> [String; 4] {
     })
 }
 
-static COMPLETE_ATTEMPTS: std::sync::LazyLock<[String; 4]> =
+static COMPLETE_ATTEMPTS: std::sync::LazyLock<[String; CHUNK_SIZES]> =
     std::sync::LazyLock::new(|| completion_statements(ATTEMPT_COLUMNS, COMPLETE_ATTEMPTS_SQL));
-static COMPLETE_JOBS: std::sync::LazyLock<[String; 4]> =
+static COMPLETE_JOBS: std::sync::LazyLock<[String; CHUNK_SIZES]> =
     std::sync::LazyLock::new(|| completion_statements(JOB_COLUMNS, COMPLETE_JOBS_SQL));
 
 /// Splits `rows` greedily into chunks of the sizes in [`COMPLETION_CHUNKS`], each with the
 /// statement for its size.
-fn chunked<'a, T>(mut rows: &'a [T], statements: &'a [String; 4]) -> Vec<(&'a [T], &'a str)> {
+fn chunked<'a, T>(
+    mut rows: &'a [T],
+    statements: &'a [String; CHUNK_SIZES],
+) -> Vec<(&'a [T], &'a str)> {
     let mut out = Vec::new();
     for (size, sql) in COMPLETION_CHUNKS.iter().zip(statements) {
         while rows.len() >= *size {
@@ -304,6 +312,12 @@ mod tests {
             let chunks = chunked(&rows, &statements);
             let flat: Vec<usize> = chunks.iter().flat_map(|(c, _)| c.iter().copied()).collect();
             assert_eq!(flat, rows, "n = {n}");
+            // The fewest statements: one per 128 rows, then one per set bit of the rest.
+            assert_eq!(
+                chunks.len(),
+                n / 128 + (n % 128).count_ones() as usize,
+                "n = {n}"
+            );
             for (c, sql) in &chunks {
                 // Each statement has exactly one placeholder per bound value.
                 let width = ATTEMPT_COLUMNS.split(',').count();
