@@ -49,10 +49,13 @@ use crate::jitter::Jitter;
 use crate::{FailureClass, Timestamp, format_duration};
 
 /// The breaker's state, as stored and shown (`closed`, `open`, `half_open`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum BreakerState {
     /// Calls go through; outcomes fill the window.
+    #[default]
     Closed,
     /// No calls until the cool-down ends.
     Open,
@@ -289,6 +292,14 @@ impl BreakerConfig {
             .collect()
     }
 
+    /// Failed probes of one half-open round that reopen the breaker: `failure_rate` of the
+    /// round's probes, at least one. As many successes as can no longer let the failures
+    /// reach it close the breaker (5 probes at 50%: 3 failures reopen, 3 successes close).
+    pub fn probes_to_reopen(&self) -> u32 {
+        let n = self.half_open_probes.max(1);
+        ((self.failure_rate * f64::from(n)).ceil() as u32).clamp(1, n)
+    }
+
     /// The cool-down after `openings` openings in a row (1 for the first), before jitter.
     pub fn cooldown(&self, openings: u32) -> Duration {
         let exp = i32::try_from(openings.saturating_sub(1)).unwrap_or(i32::MAX);
@@ -316,7 +327,8 @@ impl Default for BreakerConfig {
 /// - failure rate: 0.5, minimum calls: 20
 /// - slow calls: not tracked (slow-call rate 1.0 when enabled)
 /// - open cool-down: 10 s, ×2 per further opening, at most 5 min, jitter `proportional(0.1)`
-/// - half-open: 3 probes, a new round after 30 s without answers
+/// - half-open: 5 probes judged as a group (see [`crate::FlowConfig`]), a new round after
+///   30 s without answers
 /// - failures: `infrastructure` and `timeout`; ignored: `rate_limited` and `exception`;
 ///   everything else (success, permanent, auth) counts as a success: the dependency answered.
 #[derive(Debug, Clone)]
@@ -344,7 +356,7 @@ impl BreakerConfigBuilder {
                 cooldown_multiplier: 2.0,
                 cooldown_max: Duration::from_secs(300),
                 cooldown_jitter: 0.1,
-                half_open_probes: 3,
+                half_open_probes: 5,
                 half_open_timeout: Duration::from_secs(30),
                 failure_mask: bit(FailureClass::Infrastructure) | bit(FailureClass::Timeout),
                 ignored_mask: bit(FailureClass::RateLimited) | bit(FailureClass::Exception),
@@ -625,6 +637,7 @@ pub struct CircuitBreaker {
     openings: u32,
     permits_left: u32,
     probe_successes: u32,
+    probe_failures: u32,
     round_started_ms: i64,
     window: WindowState,
     rng: SmallRng,
@@ -650,6 +663,7 @@ impl CircuitBreaker {
             openings: 0,
             permits_left: 0,
             probe_successes: 0,
+            probe_failures: 0,
             round_started_ms: 0,
             window,
             rng: SmallRng::seed_from_u64(seed),
@@ -724,6 +738,7 @@ impl CircuitBreaker {
                     self.round_started_ms = now_ms;
                     self.permits_left = self.config.half_open_probes;
                     self.probe_successes = 0;
+                self.probe_failures = 0;
                 }
                 if self.permits_left > 0 {
                     self.permits_left -= 1;
@@ -796,11 +811,17 @@ impl CircuitBreaker {
                 None
             }
             BreakerState::HalfOpen => {
+                // The round is judged as a group (as the fleet's row is: crate::FlowConfig).
                 if failure {
+                    self.probe_failures += 1;
+                } else {
+                    self.probe_successes += 1;
+                }
+                let reopen = self.config.probes_to_reopen();
+                if self.probe_failures >= reopen {
                     return Some(self.trip_open(now, TransitionReason::ProbeFailed));
                 }
-                self.probe_successes += 1;
-                if self.probe_successes >= self.config.half_open_probes {
+                if self.probe_successes > self.config.half_open_probes - reopen {
                     return Some(self.enter_closed(now, TransitionReason::ProbesSucceeded));
                 }
                 None
@@ -862,6 +883,7 @@ impl CircuitBreaker {
                 self.round_started_ms = ms_of(now);
                 self.permits_left = self.config.half_open_probes;
                 self.probe_successes = 0;
+                self.probe_failures = 0;
             }
             BreakerState::Closed => {
                 if from == BreakerState::Closed {
@@ -900,6 +922,7 @@ impl CircuitBreaker {
         self.open_until_ms = ms_of(now).saturating_add(cooldown.as_millis() as i64);
         self.permits_left = 0;
         self.probe_successes = 0;
+                self.probe_failures = 0;
         Transition {
             from,
             to: BreakerState::Open,
@@ -915,6 +938,7 @@ impl CircuitBreaker {
         self.round_started_ms = ms_of(now);
         self.permits_left = self.config.half_open_probes;
         self.probe_successes = 0;
+                self.probe_failures = 0;
         Transition {
             from,
             to: BreakerState::HalfOpen,

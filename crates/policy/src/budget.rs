@@ -53,7 +53,7 @@ pub struct RetryBudget {
 /// - ttl: 10 s (deposits expire after it)
 /// - min_per_sec: 10 retries per second always allowed
 /// - retry_ratio: 0.2 (one retry per five first attempts)
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RetryBudgetBuilder {
     ttl: Duration,
     min_per_sec: u32,

@@ -37,7 +37,19 @@
 //! [breaker."api.psp.example"]
 //! window_time = "30s"
 //! open_cooldown = "30s"
+//! # Flow control toward this dependency (R21), for the whole fleet:
+//! rate_limit = "80/s"      # a known limit (omit it: learned from 429s)
+//! rate_burst = 5           # slots that may go at once beyond the steady rate
+//! max_inflight = 32        # calls in flight per worker process
+//! retry_budget_ratio = 0.2 # retries beyond 20% of first attempts (+10/s) are deferred
 //! ```
+//!
+//! The rate settings of a `[breaker.NAME]` section: `rate_limit` (`"80/s"`, `"600/m"`,
+//! `"3600/h"` or a number per second), `rate_adaptive` (learn from 429s; default true),
+//! `rate_burst`, `rate_floor` and `rate_ceiling` (bounds of the learned rate, per second),
+//! `rate_decrease` (share kept after a 429, default 0.9), `rate_increase` (per second, per
+//! second of use, default 2); `max_inflight`; `retry_budget_ratio` and
+//! `retry_budget_min_per_sec`.
 //!
 //! Every invalid field is refused with its dotted path, its value and the
 //! allowed range (`invalid policy.checkout.retry.base = 0s: must be above 0s
@@ -51,6 +63,7 @@ use serde::Deserialize;
 use crate::backoff::{Backoff, ExponentialBuilder};
 use crate::breaker::{BreakerConfig, BreakerConfigBuilder, Window};
 use crate::error::PolicyError;
+use crate::flow::{FlowConfig, RateConfig};
 use crate::jitter::Jitter;
 use crate::outcome::StatusTable;
 use crate::policy::{DeferPhase, RetryPolicy};
@@ -61,7 +74,7 @@ use crate::{FailureClass, parse_duration};
 #[derive(Debug, Clone, PartialEq)]
 pub struct PolicySet {
     policies: BTreeMap<String, RetryPolicy>,
-    breakers: BTreeMap<String, BreakerConfig>,
+    flows: BTreeMap<String, FlowConfig>,
 }
 
 impl Default for PolicySet {
@@ -83,7 +96,7 @@ impl PolicySet {
             .collect();
         Self {
             policies,
-            breakers: BTreeMap::new(),
+            flows: BTreeMap::new(),
         }
     }
 
@@ -105,8 +118,8 @@ impl PolicySet {
         }
         for (name, rb) in raw.breaker {
             let prefix = format!("breaker.{name}");
-            let c = rb.into_config().map_err(|e| e.within(&prefix))?;
-            set.breakers.insert(name, c);
+            let c = rb.into_flow().map_err(|e| e.within(&prefix))?;
+            set.flows.insert(name, c);
         }
         Ok(set)
     }
@@ -118,7 +131,14 @@ impl PolicySet {
 
     /// Sets the breaker configuration of a dependency (`default` for all others).
     pub fn insert_breaker(&mut self, dependency: impl Into<String>, config: BreakerConfig) {
-        self.breakers.insert(dependency.into(), config);
+        let dep = dependency.into();
+        let flow = self.flow(&dep).with_breaker(config);
+        self.flows.insert(dep, flow);
+    }
+
+    /// Sets the whole flow control of a dependency (`default` for all others).
+    pub fn insert_flow(&mut self, dependency: impl Into<String>, config: FlowConfig) {
+        self.flows.insert(dependency.into(), config);
     }
 
     /// The policy of that name.
@@ -147,9 +167,15 @@ impl PolicySet {
     /// The breaker configuration of a dependency: its own section, else `[breaker.default]`,
     /// else the built-in default.
     pub fn breaker(&self, dependency: &str) -> BreakerConfig {
-        self.breakers
+        self.flow(dependency).breaker
+    }
+
+    /// The flow control of a dependency (breaker, rate limit, concurrency cap, retry budget):
+    /// its own section, else `[breaker.default]`, else the built-in default.
+    pub fn flow(&self, dependency: &str) -> FlowConfig {
+        self.flows
             .get(dependency)
-            .or_else(|| self.breakers.get("default"))
+            .or_else(|| self.flows.get("default"))
             .cloned()
             .unwrap_or_default()
     }
@@ -220,6 +246,43 @@ struct RawBreaker {
     half_open_timeout: Option<String>,
     failure_classes: Option<Vec<String>>,
     ignored_classes: Option<Vec<String>>,
+    rate_limit: Option<toml::Value>,
+    rate_adaptive: Option<bool>,
+    rate_burst: Option<i64>,
+    rate_floor: Option<f64>,
+    rate_ceiling: Option<f64>,
+    rate_decrease: Option<f64>,
+    rate_increase: Option<f64>,
+    max_inflight: Option<i64>,
+    retry_budget_ratio: Option<f64>,
+    retry_budget_min_per_sec: Option<i64>,
+}
+
+/// Reads a rate: `"80/s"`, `"600/m"`, `"3600/h"`, or a number per second.
+fn rate(field: &str, v: &toml::Value) -> Result<f64, PolicyError> {
+    let bad = |shown: String| {
+        PolicyError::invalid(
+            field,
+            shown,
+            "a rate like \"80/s\", \"600/m\", \"3600/h\" or a number per second",
+        )
+    };
+    match v {
+        toml::Value::Integer(n) => Ok(*n as f64),
+        toml::Value::Float(f) => Ok(*f),
+        toml::Value::String(s) => {
+            let (n, per) = s.trim().split_once('/').unwrap_or((s.trim(), "s"));
+            let n: f64 = n.trim().parse().map_err(|_| bad(format!("{s:?}")))?;
+            let secs = match per.trim() {
+                "s" => 1.0,
+                "m" => 60.0,
+                "h" => 3600.0,
+                _ => return Err(bad(format!("{s:?}"))),
+            };
+            Ok(n / secs)
+        }
+        other => Err(bad(other.to_string())),
+    }
 }
 
 fn dur(field: &str, s: &str) -> Result<Duration, PolicyError> {
@@ -460,6 +523,63 @@ impl RawRetry {
 }
 
 impl RawBreaker {
+    fn into_flow(self) -> Result<FlowConfig, PolicyError> {
+        let mut r = match &self.rate_limit {
+            Some(v) => RateConfig::fixed(rate("rate_limit", v)?)?,
+            None => RateConfig::adaptive(),
+        };
+        if let Some(a) = self.rate_adaptive {
+            r = r.with_adaptive(a);
+        }
+        if let Some(n) = self.rate_burst {
+            r = r.with_burst(count("rate_burst", n, 0, 10_000)?);
+        }
+        if self.rate_floor.is_some() || self.rate_ceiling.is_some() {
+            r = r.with_bounds(
+                self.rate_floor.unwrap_or(r.floor()),
+                self.rate_ceiling.unwrap_or(r.ceiling()),
+            );
+        }
+        if let Some(d) = self.rate_decrease {
+            r = r.with_decrease(d);
+        }
+        if let Some(i) = self.rate_increase {
+            r = r.with_increase(i);
+        }
+        r.validate()?;
+        let max_inflight = self
+            .max_inflight
+            .map(|n| count("max_inflight", n, 1, 100_000))
+            .transpose()?;
+        let retry_budget = match (self.retry_budget_ratio, self.retry_budget_min_per_sec) {
+            (None, None) => None,
+            (ratio, min) => {
+                let mut b = crate::RetryBudgetBuilder::new();
+                if let Some(x) = ratio {
+                    if !(x.is_finite() && (0.0..=1000.0).contains(&x)) {
+                        return Err(PolicyError::invalid(
+                            "retry_budget_ratio",
+                            x.to_string(),
+                            "from 0 to 1000",
+                        ));
+                    }
+                    b = b.with_retry_ratio(x);
+                }
+                if let Some(m) = min {
+                    b = b.with_min_per_sec(count("retry_budget_min_per_sec", m, 0, 1_000_000)?);
+                }
+                b.build()?;
+                Some(b)
+            }
+        };
+        Ok(FlowConfig {
+            breaker: self.into_config()?,
+            rate: r,
+            max_inflight,
+            retry_budget,
+        })
+    }
+
     fn into_config(self) -> Result<BreakerConfig, PolicyError> {
         let mut b = BreakerConfigBuilder::new();
         match (self.window_calls, &self.window_time) {
@@ -692,6 +812,44 @@ open_cooldown = "30s"
         for (toml, want) in cases {
             let e = err(toml);
             assert!(e.contains(want), "{toml:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn flow_settings_load_and_bad_ones_are_named() {
+        let set = PolicySet::from_toml(
+            r#"
+[breaker.default]
+rate_burst = 3
+
+[breaker.psp]
+rate_limit = "4800/m"
+rate_adaptive = false
+max_inflight = 8
+retry_budget_ratio = 0.5
+"#,
+        )
+        .unwrap();
+        let psp = set.flow("psp");
+        assert_eq!(psp.rate.limit(), Some(80.0));
+        assert!(!psp.rate.is_adaptive());
+        assert_eq!(psp.max_inflight, Some(8));
+        assert!(psp.retry_budget.is_some());
+        let other = set.flow("other");
+        assert_eq!(other.rate.limit(), None);
+        assert!(other.rate.is_adaptive());
+        assert_eq!(other.rate.burst(), 3);
+        assert_eq!(PolicySet::builtin().flow("x"), FlowConfig::default());
+        for (toml, want) in [
+            ("[breaker.p]\nrate_limit = \"fast\"", "breaker.p.rate_limit = \"fast\""),
+            ("[breaker.p]\nrate_limit = \"10/d\"", "breaker.p.rate_limit = \"10/d\""),
+            ("[breaker.p]\nrate_limit = 0", "breaker.p.rate_limit = 0/s"),
+            ("[breaker.p]\nrate_decrease = 1.5", "breaker.p.rate_decrease = 1.5"),
+            ("[breaker.p]\nmax_inflight = 0", "breaker.p.max_inflight = 0"),
+            ("[breaker.p]\nretry_budget_ratio = -1.0", "breaker.p.retry_budget_ratio = -1"),
+        ] {
+            let e = err(toml);
+            assert!(e.contains(want), "{e:?} should contain {want:?}");
         }
     }
 

@@ -125,6 +125,22 @@ named_enum! {
         Paused => "paused",
         /// A worker shut down and released the job (not an attempt).
         Released => "released",
+        /// The fleet's own rate limit for the dependency had no send slot soon enough
+        /// (not an attempt).
+        Throttled => "throttled",
+        /// Retries to the dependency exceed the retry budget's share of first attempts
+        /// (not an attempt).
+        RetryBudget => "retry_budget",
+    }
+}
+
+named_enum! {
+    /// Why a dependency is paused fleet-wide.
+    pub enum PauseReason: "pause reason" {
+        /// A `Retry-After` seen by some worker of the fleet (R6, R19).
+        RetryAfter => "retry_after",
+        /// An operator paused it.
+        Operator => "operator",
     }
 }
 

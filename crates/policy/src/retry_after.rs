@@ -5,8 +5,9 @@
 //! recipients must also accept the obsolete RFC 850
 //! (`Sunday, 06-Nov-94 08:49:37 GMT`) and asctime (`Sun Nov  6 08:49:37 1994`)
 //! forms. A date in the past means "now" (0). Anything else — negative,
-//! fractional, overflowing, empty or garbage — is refused, so the caller falls
-//! back to its backoff formula; nothing here panics.
+//! fractional, overflowing, empty or garbage — is refused by [`parse_retry_after`];
+//! [`retry_after_clamped`], what callers use, reads an overflowing number as the longest
+//! wait it allows and falls back to the backoff formula for the rest; nothing here panics.
 
 use std::time::{Duration, SystemTime};
 
@@ -94,15 +95,23 @@ pub fn parse_retry_after(value: &str, now: Timestamp) -> Result<Duration, RetryA
 /// Parses `value` and clamps it to `max`; `None` when the value is refused
 /// (the caller then uses its formula).
 ///
+/// Delay-seconds too large for any integer (`99999999999999999999`) are a very long wait,
+/// not garbage: they clamp to `max` like any other long wait.
+///
 /// ```
 /// use std::time::Duration;
 /// use chrono::Utc;
 /// let max = Duration::from_secs(60);
 /// assert_eq!(redrive_policy::retry_after_clamped("3600", Utc::now(), max), Some(max));
+/// assert_eq!(redrive_policy::retry_after_clamped("99999999999999999999", Utc::now(), max), Some(max));
 /// assert_eq!(redrive_policy::retry_after_clamped("soon", Utc::now(), max), None);
 /// ```
 pub fn retry_after_clamped(value: &str, now: Timestamp, max: Duration) -> Option<Duration> {
-    parse_retry_after(value, now).ok().map(|d| d.min(max))
+    match parse_retry_after(value, now) {
+        Ok(d) => Some(d.min(max)),
+        Err(RetryAfterError::Overflow { .. }) => Some(max),
+        Err(_) => None,
+    }
 }
 
 #[cfg(test)]
@@ -165,6 +174,13 @@ mod tests {
             parse_retry_after("99999999999999999999999", now()),
             Err(RetryAfterError::Overflow { .. })
         ));
+        // …which the clamped reading takes as the longest wait, not as garbage (R6).
+        let max = Duration::from_secs(600);
+        assert_eq!(
+            retry_after_clamped("99999999999999999999", now(), max),
+            Some(max)
+        );
+        assert_eq!(retry_after_clamped("1.5", now(), max), None);
         for garbage in [
             "soon",
             "5s",

@@ -1,0 +1,920 @@
+//! Flow control toward one dependency, shared by the whole fleet (R9, R10, R19, R21): the
+//! circuit breaker's shared state, the pause after a `Retry-After`, and the rate limiter
+//! (configured, or learned from 429s), as one pure state machine over the dependency's
+//! shared row.
+//!
+//! ```text
+//! (row, event, now, rng) ──apply──▶ (new row, grant, transition)
+//! ```
+//!
+//! The store keeps one [`FlowRow`] per dependency; every worker process reads it, applies an
+//! event with [`FlowConfig::apply`] and writes the result back with a compare-and-set (the
+//! runtime's only job is that I/O). `redrive simulate` applies the same events to the same
+//! row in simulated time, so what it shows is what the fleet does (R23).
+//!
+//! # The parts
+//! - **Breaker.** Closed → open is decided by each process's own window
+//!   ([`CircuitBreaker`](crate::CircuitBreaker)) and published with [`FlowEvent::Opened`].
+//!   After the cool-down the row goes half-open with `half_open_probes` permits; the whole
+//!   fleet sends at most that many probes ([`FlowEvent::TakeProbe`]). The round is judged as
+//!   a group ([`FlowEvent::ProbeAnswered`]): it reopens as soon as the failed probes reach
+//!   `failure_rate` of the round, and closes as soon as they no longer can. Each reopening
+//!   without a close lengthens the cool-down; a close resets it.
+//! - **Pause.** A `Retry-After` seen by one worker pauses the dependency for all until then
+//!   ([`FlowEvent::RateLimited`]).
+//! - **Rate limit** (GCRA over the row's theoretical arrival time `tat`). A process reserves a
+//!   small batch of send slots at a time ([`FlowEvent::Reserve`], about `batch` worth of the
+//!   rate), so the store is written about ten times a second per busy process, not once per
+//!   call; over any window the fleet gets at most `rate × window + burst` slots. Jobs held by
+//!   a pause or an open breaker take slots like any other call when they come back, so they
+//!   resume spread at the rate, never in one instant.
+//! - **Learning the rate (AIMD).** Without a configured limit there is none until the first
+//!   429. Each 429 starts (or joins) a *congestion epoch*: the first report sets the rate to
+//!   `decrease ×` the reporter's own served rate ([`ServedRate`]: what got through lately, the
+//!   PSP's limit or this process's share of it); every other process that
+//!   sees a 429 in the same epoch adds `decrease ×` its own served rate, never beyond
+//!   `decrease ×` the rate before the epoch. After the epoch, every reservation raises the rate
+//!   by `increase` per second of use, up to the configured limit or the ceiling (reaching the
+//!   ceiling lifts the learned limit).
+//!
+//! ```
+//! use std::time::Duration;
+//! use chrono::Utc;
+//! use rand::{SeedableRng, rngs::SmallRng};
+//! use redrive_policy::{FlowConfig, FlowEvent, FlowRow, Grant, RateConfig};
+//!
+//! let cfg = FlowConfig::default().with_rate(RateConfig::fixed(80.0).unwrap().with_burst(0));
+//! let mut rng = SmallRng::seed_from_u64(1);
+//! let now = Utc::now();
+//! let step = cfg.apply(&FlowRow::default(), FlowEvent::Reserve { max_ahead: Duration::from_secs(1) }, now, &mut rng);
+//! let Grant::Slots(slots) = step.grant else { panic!() };
+//! assert_eq!(slots.count(), 8); // 100 ms of 80/s
+//! assert_eq!(slots.at(1) - slots.at(0), chrono::Duration::microseconds(12_500));
+//! ```
+
+use std::time::Duration;
+
+use chrono::DateTime;
+use rand::Rng;
+
+use crate::breaker::{
+    BreakerConfig, BreakerMode, BreakerState, CallResult, Transition, TransitionReason,
+};
+use crate::error::PolicyError;
+use crate::jitter::Jitter;
+use crate::{DeferReason, PauseReason, RetryBudgetBuilder, Timestamp};
+
+/// How much of the rate one reservation takes by default (100 ms worth).
+pub const DEFAULT_RATE_BATCH: Duration = Duration::from_millis(100);
+/// The learned rate after a 429 is this share of what got through (multiplicative decrease).
+pub const DEFAULT_RATE_DECREASE: f64 = 0.9;
+/// The learned rate grows by this many requests per second, per second of use (additive
+/// increase).
+pub const DEFAULT_RATE_INCREASE: f64 = 2.0;
+/// The learned rate never goes below this (requests per second).
+pub const DEFAULT_RATE_FLOOR: f64 = 1.0;
+/// A learned rate that grows to this lifts the limit (requests per second).
+pub const DEFAULT_RATE_CEILING: f64 = 10_000.0;
+/// Send slots that may go at once beyond the steady rate.
+pub const DEFAULT_RATE_BURST: u32 = 1;
+/// 429s within this time after a cut belong to the same congestion epoch (one cut).
+pub const CONGESTION_EPOCH: Duration = Duration::from_secs(1);
+/// Most slots one reservation hands out.
+pub const MAX_SLOTS_PER_RESERVATION: u32 = 1000;
+
+/// The rate limiter of one dependency. Build with [`RateConfig::fixed`],
+/// [`RateConfig::adaptive`] or [`RateConfig::off`], then the `with_*` setters.
+///
+/// # Default
+/// [`RateConfig::adaptive`]: no limit until the first 429, then learned (decrease 0.9,
+/// increase 2 requests/s per second, floor 1/s, ceiling 10,000/s), burst 1, batch 100 ms.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateConfig {
+    limit: Option<f64>,
+    adaptive: bool,
+    burst: u32,
+    floor: f64,
+    ceiling: f64,
+    decrease: f64,
+    increase: f64,
+    batch: Duration,
+}
+
+impl Default for RateConfig {
+    fn default() -> Self {
+        Self::adaptive()
+    }
+}
+
+impl RateConfig {
+    /// Learn the rate from 429s; no limit until the first one.
+    pub const fn adaptive() -> Self {
+        Self {
+            limit: None,
+            adaptive: true,
+            burst: DEFAULT_RATE_BURST,
+            floor: DEFAULT_RATE_FLOOR,
+            ceiling: DEFAULT_RATE_CEILING,
+            decrease: DEFAULT_RATE_DECREASE,
+            increase: DEFAULT_RATE_INCREASE,
+            batch: DEFAULT_RATE_BATCH,
+        }
+    }
+
+    /// No rate limit at all, and none learned (429s still pause the dependency).
+    pub const fn off() -> Self {
+        let mut c = Self::adaptive();
+        c.adaptive = false;
+        c
+    }
+
+    /// A configured limit of `rps` requests per second for the whole fleet; 429s still cut it
+    /// (and it grows back to `rps`, never beyond) unless [`RateConfig::with_adaptive`]`(false)`.
+    ///
+    /// # Errors
+    /// [`PolicyError::InvalidField`] for a rate outside 0.01..=1,000,000.
+    pub fn fixed(rps: f64) -> Result<Self, PolicyError> {
+        let c = Self {
+            limit: Some(rps),
+            ..Self::adaptive()
+        };
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Learn from 429s (or not).
+    pub const fn with_adaptive(mut self, on: bool) -> Self {
+        self.adaptive = on;
+        self
+    }
+    /// Slots that may go at once beyond the steady rate (0..=10,000).
+    pub const fn with_burst(mut self, n: u32) -> Self {
+        self.burst = n;
+        self
+    }
+    /// The learned rate's floor and ceiling (requests per second).
+    pub const fn with_bounds(mut self, floor: f64, ceiling: f64) -> Self {
+        self.floor = floor;
+        self.ceiling = ceiling;
+        self
+    }
+    /// The multiplicative decrease after a 429 (0 < f < 1).
+    pub const fn with_decrease(mut self, f: f64) -> Self {
+        self.decrease = f;
+        self
+    }
+    /// The additive increase, in requests per second per second of use.
+    pub const fn with_increase(mut self, rps_per_s: f64) -> Self {
+        self.increase = rps_per_s;
+        self
+    }
+    /// How much of the rate one reservation takes (10 ms..=1 s).
+    pub const fn with_batch(mut self, d: Duration) -> Self {
+        self.batch = d;
+        self
+    }
+
+    /// The configured limit, if any.
+    pub const fn limit(&self) -> Option<f64> {
+        self.limit
+    }
+    /// Whether 429s teach the fleet a rate.
+    pub const fn is_adaptive(&self) -> bool {
+        self.adaptive
+    }
+    /// Slots beyond the steady rate.
+    pub const fn burst(&self) -> u32 {
+        self.burst
+    }
+    /// The learned rate's floor.
+    pub const fn floor(&self) -> f64 {
+        self.floor
+    }
+    /// The learned rate's ceiling.
+    pub const fn ceiling(&self) -> f64 {
+        self.ceiling
+    }
+    /// The multiplicative decrease.
+    pub const fn decrease(&self) -> f64 {
+        self.decrease
+    }
+    /// The additive increase.
+    pub const fn increase(&self) -> f64 {
+        self.increase
+    }
+    /// The reservation batch.
+    pub const fn batch(&self) -> Duration {
+        self.batch
+    }
+
+    /// Checks every field against its range.
+    ///
+    /// # Errors
+    /// [`PolicyError::InvalidField`] naming the field, the value and the range.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        let rate_ok = |r: f64| r.is_finite() && (0.01..=1_000_000.0).contains(&r);
+        if let Some(l) = self.limit
+            && !rate_ok(l)
+        {
+            return Err(PolicyError::invalid(
+                "rate_limit",
+                format!("{l}/s"),
+                "from 0.01/s to 1000000/s",
+            ));
+        }
+        if !rate_ok(self.floor) {
+            return Err(PolicyError::invalid(
+                "rate_floor",
+                format!("{}/s", self.floor),
+                "from 0.01/s to 1000000/s",
+            ));
+        }
+        if !rate_ok(self.ceiling) || self.ceiling < self.floor {
+            return Err(PolicyError::invalid(
+                "rate_ceiling",
+                format!("{}/s", self.ceiling),
+                format!("at least rate_floor ({}/s) and at most 1000000/s", self.floor),
+            ));
+        }
+        if !(self.decrease > 0.0 && self.decrease < 1.0) {
+            return Err(PolicyError::invalid(
+                "rate_decrease",
+                self.decrease.to_string(),
+                "above 0 and below 1",
+            ));
+        }
+        if !(self.increase.is_finite() && (0.0..=1_000_000.0).contains(&self.increase)) {
+            return Err(PolicyError::invalid(
+                "rate_increase",
+                format!("{}/s", self.increase),
+                "from 0/s to 1000000/s per second",
+            ));
+        }
+        if self.burst > 10_000 {
+            return Err(PolicyError::invalid(
+                "rate_burst",
+                self.burst.to_string(),
+                "from 0 to 10000",
+            ));
+        }
+        if self.batch < Duration::from_millis(10) || self.batch > Duration::from_secs(1) {
+            return Err(PolicyError::invalid(
+                "rate_batch",
+                crate::format_duration(self.batch),
+                "from 10ms to 1s",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Everything the fleet does toward one dependency.
+///
+/// # Default
+/// [`BreakerConfig::default`], [`RateConfig::adaptive`], no concurrency cap, no retry budget.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FlowConfig {
+    /// The breaker.
+    pub breaker: BreakerConfig,
+    /// The rate limiter.
+    pub rate: RateConfig,
+    /// At most this many calls in flight to the dependency per worker process (bulkhead).
+    pub max_inflight: Option<u32>,
+    /// Retries beyond this budget's share of first attempts are deferred (per process, as
+    /// gRPC's retry throttling is per channel).
+    pub retry_budget: Option<RetryBudgetBuilder>,
+}
+
+impl FlowConfig {
+    /// This configuration with another breaker.
+    pub fn with_breaker(mut self, b: BreakerConfig) -> Self {
+        self.breaker = b;
+        self
+    }
+    /// This configuration with another rate limiter.
+    pub fn with_rate(mut self, r: RateConfig) -> Self {
+        self.rate = r;
+        self
+    }
+}
+
+/// The dependency's state shared by the fleet (one row in the store).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FlowRow {
+    /// An operator's override of the breaker.
+    pub mode: BreakerMode,
+    /// The breaker's state.
+    pub state: BreakerState,
+    /// While open: when probes may start.
+    pub open_until: Option<Timestamp>,
+    /// Openings in a row without a close (the cool-down grows with them).
+    pub openings: u32,
+    /// Half-open: probe permits left in this round.
+    pub probe_permits: u32,
+    /// Half-open: probes of this round that succeeded.
+    pub probe_successes: u32,
+    /// Half-open: probes of this round that failed.
+    pub probe_failures: u32,
+    /// Half-open: when this round started.
+    pub round_started: Option<Timestamp>,
+    /// Paused until then (fleet-wide).
+    pub paused_until: Option<Timestamp>,
+    /// Why it is paused.
+    pub pause_reason: Option<PauseReason>,
+    /// The rate limit in force (requests per second); `None`: none.
+    pub rate: Option<f64>,
+    /// The limiter's theoretical arrival time (GCRA), microsecond precision.
+    pub tat: Option<Timestamp>,
+    /// When the current congestion epoch started (the last cut).
+    pub rate_cut_at: Option<Timestamp>,
+    /// The rate before that cut (the epoch's sums never go beyond `decrease ×` it).
+    pub rate_cap: Option<f64>,
+    /// When the rate was last raised.
+    pub rate_raised_at: Option<Timestamp>,
+}
+
+/// An event applied to the shared row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FlowEvent {
+    /// Reserve send slots; none is granted beyond `now + max_ahead`.
+    Reserve {
+        /// The longest wait the caller accepts for its first slot.
+        max_ahead: Duration,
+    },
+    /// Take one half-open probe permit (moves an open breaker whose cool-down ended to
+    /// half-open first).
+    TakeProbe,
+    /// A probe's answer.
+    ProbeAnswered {
+        /// How the probe's outcome counts.
+        result: CallResult,
+    },
+    /// A process's own window crossed the threshold while it saw the breaker closed.
+    Opened {
+        /// The window's verdict.
+        reason: TransitionReason,
+    },
+    /// A 429 (or another rate-limit answer) came back.
+    RateLimited {
+        /// The server's `Retry-After`, as an instant: pause the fleet until then.
+        pause_until: Option<Timestamp>,
+        /// What the reporting process got through lately (answers other than 429), per
+        /// second: [`ServedRate::per_second`].
+        served_per_s: f64,
+        /// The congestion epoch (`rate_cut_at`) this process has already reported to, so it
+        /// is counted once per epoch.
+        epoch_seen: Option<Timestamp>,
+    },
+    /// Housekeeping: an open breaker whose cool-down ended goes half-open; a half-open round
+    /// that timed out starts again.
+    Tick,
+    /// An operator forces the breaker open or closed, or hands it back to the machine.
+    Force(BreakerMode),
+    /// An operator pauses the dependency until `until`.
+    Pause {
+        /// Until when.
+        until: Timestamp,
+    },
+    /// An operator lifts the pause.
+    Resume,
+}
+
+/// Send slots handed to one process: `count` instants, `interval` apart, none before `now`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slots {
+    base_us: i64,
+    interval_us: i64,
+    count: u32,
+    now_us: i64,
+}
+
+impl Slots {
+    /// How many slots.
+    pub const fn count(&self) -> u32 {
+        self.count
+    }
+    /// The time between two slots.
+    pub fn interval(&self) -> Duration {
+        Duration::from_micros(self.interval_us.max(0) as u64)
+    }
+    /// Slot `i` (0-based): the instant from which that call may go.
+    pub fn at(&self, i: u32) -> Timestamp {
+        let t = self
+            .base_us
+            .saturating_add(self.interval_us.saturating_mul(i64::from(i)));
+        ts_us(t.max(self.now_us))
+    }
+}
+
+/// What the event gave the caller.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Grant {
+    /// Nothing to hand out (a report, or housekeeping).
+    None,
+    /// Call now: no rate limit is in force.
+    Go,
+    /// Call at these instants.
+    Slots(Slots),
+    /// Call now, as one of the half-open probes.
+    Probe,
+    /// Don't call before `until`.
+    Blocked {
+        /// The earliest time worth trying again.
+        until: Timestamp,
+        /// Why.
+        reason: DeferReason,
+    },
+}
+
+/// The result of applying an event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    /// The row after the event.
+    pub row: FlowRow,
+    /// Whether the row changed (and must be written).
+    pub changed: bool,
+    /// What the caller got.
+    pub grant: Grant,
+    /// The breaker's change of state, if any (for the metric, the event and the log line).
+    pub transition: Option<Transition>,
+}
+
+/// What a look at the row (no write) says about a call now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    /// Call: closed and no rate limit in force.
+    Go,
+    /// Closed with a rate limit: take a slot ([`FlowEvent::Reserve`]).
+    Limited,
+    /// Half-open, or open with the cool-down over: take a probe ([`FlowEvent::TakeProbe`]).
+    Probe,
+    /// Don't call before `until`.
+    Blocked {
+        /// The earliest time worth trying again.
+        until: Timestamp,
+        /// Why.
+        reason: DeferReason,
+    },
+}
+
+/// What got through to a dependency lately, per second: the measure a process reports with
+/// a 429 ([`FlowEvent::RateLimited::served_per_s`]).
+///
+/// Counts answers other than 429 over the last [`ServedRate::WINDOW`] (in ten buckets), divided
+/// by the window, or by the time since the first answer when that is shorter (but never less
+/// than one second: a burst that a PSP's bucket let through at the start is not a rate).
+/// Pauses stay in the window, so after a few cycles the measure is what the dependency really
+/// allowed, not the burst its bucket lets through after every pause.
+///
+/// ```
+/// use chrono::{Duration, Utc};
+/// use redrive_policy::ServedRate;
+/// let t = Utc::now();
+/// let mut m = ServedRate::default();
+/// for i in 0..80 { m.record(t + Duration::milliseconds(i)); }
+/// assert_eq!(m.per_second(t + Duration::milliseconds(80)), 80.0);
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ServedRate {
+    first_ms: Option<i64>,
+    buckets: [(i64, u32); 10],
+}
+
+impl ServedRate {
+    /// The window over which the rate is measured.
+    pub const WINDOW: Duration = Duration::from_secs(5);
+    const BUCKET_MS: i64 = 500;
+
+    /// Counts one answer that got through.
+    pub fn record(&mut self, now: Timestamp) {
+        let ms = now.timestamp_millis();
+        self.first_ms.get_or_insert(ms);
+        let epoch = ms.div_euclid(Self::BUCKET_MS);
+        let slot = &mut self.buckets[epoch.rem_euclid(10) as usize];
+        if slot.0 != epoch {
+            *slot = (epoch, 0);
+        }
+        slot.1 += 1;
+    }
+
+    /// Answers per second over the window.
+    pub fn per_second(&self, now: Timestamp) -> f64 {
+        let Some(first) = self.first_ms else {
+            return 0.0;
+        };
+        let ms = now.timestamp_millis();
+        let epoch = ms.div_euclid(Self::BUCKET_MS);
+        let n: u32 = self
+            .buckets
+            .iter()
+            .filter(|(e, _)| *e > epoch - 10 && *e <= epoch)
+            .map(|(_, c)| c)
+            .sum();
+        let span = (ms - first).clamp(1000, Self::WINDOW.as_millis() as i64);
+        f64::from(n) * 1000.0 / span as f64
+    }
+}
+
+fn us(t: Timestamp) -> i64 {
+    t.timestamp_micros()
+}
+
+fn ts_us(u: i64) -> Timestamp {
+    DateTime::from_timestamp_micros(u).unwrap_or(DateTime::<chrono::Utc>::MAX_UTC)
+}
+
+fn add(t: Timestamp, d: Duration) -> Timestamp {
+    ts_us(us(t).saturating_add(i64::try_from(d.as_micros()).unwrap_or(i64::MAX)))
+}
+
+impl FlowConfig {
+    /// The rate in force for `row`: the learned or configured one, `None` when unlimited.
+    pub fn rate_in_force(&self, row: &FlowRow) -> Option<f64> {
+        row.rate.or(self.rate.limit)
+    }
+
+    /// How long other workers wait for a half-open round's verdict before looking again.
+    fn round_wait(&self) -> Duration {
+        self.breaker.half_open_timeout.min(Duration::from_secs(1))
+    }
+
+    /// What the row says about a call now, without changing it.
+    pub fn check(&self, row: &FlowRow, now: Timestamp) -> Check {
+        if row.mode == BreakerMode::ForcedOpen {
+            return Check::Blocked {
+                until: add(now, self.breaker.open_cooldown),
+                reason: DeferReason::BreakerOpen,
+            };
+        }
+        if let Some(p) = row.paused_until.filter(|p| *p > now) {
+            return Check::Blocked {
+                until: p,
+                reason: DeferReason::Paused,
+            };
+        }
+        let state = if row.mode == BreakerMode::ForcedClosed {
+            BreakerState::Closed
+        } else {
+            row.state
+        };
+        match state {
+            BreakerState::Open => match row.open_until.filter(|u| *u > now) {
+                Some(until) => Check::Blocked {
+                    until,
+                    reason: DeferReason::BreakerOpen,
+                },
+                None => Check::Probe,
+            },
+            BreakerState::HalfOpen if row.probe_permits > 0 => Check::Probe,
+            BreakerState::HalfOpen => Check::Blocked {
+                until: add(now, self.round_wait()),
+                reason: DeferReason::BreakerOpen,
+            },
+            BreakerState::Closed if self.rate_in_force(row).is_some() => Check::Limited,
+            BreakerState::Closed => Check::Go,
+        }
+    }
+
+    /// Applies one event to the shared row.
+    pub fn apply<R: Rng + ?Sized>(
+        &self,
+        row: &FlowRow,
+        event: FlowEvent,
+        now: Timestamp,
+        rng: &mut R,
+    ) -> Step {
+        let mut next = row.clone();
+        let mut grant = Grant::None;
+        let mut transition = None;
+        match event {
+            FlowEvent::Reserve { max_ahead } => grant = self.reserve(&mut next, max_ahead, now),
+            FlowEvent::TakeProbe => {
+                (grant, transition) = self.take_probe(&mut next, now);
+            }
+            FlowEvent::ProbeAnswered { result } => {
+                transition = self.probe_answered(&mut next, result, now, rng);
+            }
+            FlowEvent::Opened { reason } => {
+                if next.mode == BreakerMode::Normal && next.state == BreakerState::Closed {
+                    transition = Some(self.trip(&mut next, reason, now, rng));
+                }
+            }
+            FlowEvent::RateLimited {
+                pause_until,
+                served_per_s,
+                epoch_seen,
+            } => self.rate_limited(&mut next, pause_until, served_per_s, epoch_seen, now),
+            FlowEvent::Tick => transition = self.tick(&mut next, now),
+            FlowEvent::Force(mode) => transition = self.force(&mut next, mode, now),
+            FlowEvent::Pause { until } => {
+                next.paused_until = Some(until);
+                next.pause_reason = Some(PauseReason::Operator);
+            }
+            FlowEvent::Resume => {
+                next.paused_until = None;
+                next.pause_reason = None;
+            }
+        }
+        Step {
+            changed: next != *row,
+            row: next,
+            grant,
+            transition,
+        }
+    }
+
+    fn reserve(&self, row: &mut FlowRow, max_ahead: Duration, now: Timestamp) -> Grant {
+        match self.check(row, now) {
+            Check::Blocked { until, reason } => return Grant::Blocked { until, reason },
+            Check::Probe => {
+                // Probes go through TakeProbe; a reservation here is a caller's race.
+                return Grant::Blocked {
+                    until: now,
+                    reason: DeferReason::BreakerOpen,
+                };
+            }
+            Check::Go | Check::Limited => {}
+        }
+        let cfg = &self.rate;
+        let Some(mut rate) = self.rate_in_force(row) else {
+            return Grant::Go;
+        };
+        // Additive increase, while the dependency is used and outside a congestion epoch.
+        let max_rate = cfg.limit.map_or(cfg.ceiling, |l| l.min(cfg.ceiling));
+        if cfg.adaptive && row.rate.is_some() {
+            let calm = row
+                .rate_cut_at
+                .is_none_or(|c| now >= add(c, CONGESTION_EPOCH));
+            if calm {
+                let dt = row.rate_raised_at.map_or(0.0, |t| {
+                    ((us(now) - us(t)).max(0) as f64 / 1e6).min(1.0)
+                });
+                rate = (rate + cfg.increase * dt).min(max_rate);
+                row.rate_raised_at = Some(now);
+                if cfg.limit.is_none() && rate >= cfg.ceiling {
+                    // Grown to the ceiling: the learned limit is lifted.
+                    row.rate = None;
+                    row.tat = None;
+                    row.rate_cap = None;
+                    return Grant::Go;
+                }
+            }
+        }
+        row.rate = Some(rate);
+        // Rounded up, so that the slots never run faster than the rate.
+        let interval_us = ((1e6 / rate).ceil() as i64).max(1);
+        let tol_us = interval_us.saturating_mul(i64::from(cfg.burst));
+        let now_us = us(now);
+        let a0 = row.tat.map_or(now_us, us).max(now_us);
+        let first = (a0 - tol_us).max(now_us);
+        let ahead_us = i64::try_from(max_ahead.as_micros()).unwrap_or(i64::MAX);
+        if first - now_us > ahead_us {
+            return Grant::Blocked {
+                until: ts_us(first),
+                reason: DeferReason::Throttled,
+            };
+        }
+        let want = (rate * cfg.batch.as_secs_f64()).ceil().max(1.0) as i64;
+        // Slot i is at a0 - tol + i·interval: keep the last within max_ahead.
+        let fit = (now_us.saturating_add(ahead_us) - (a0 - tol_us)) / interval_us + 1;
+        let n = want
+            .min(fit)
+            .clamp(1, i64::from(MAX_SLOTS_PER_RESERVATION));
+        row.tat = Some(ts_us(a0 + n * interval_us));
+        Grant::Slots(Slots {
+            base_us: a0 - tol_us,
+            interval_us,
+            count: n as u32,
+            now_us,
+        })
+    }
+
+    fn half_open(&self, row: &mut FlowRow, now: Timestamp) {
+        row.state = BreakerState::HalfOpen;
+        row.open_until = None;
+        row.probe_permits = self.breaker.half_open_probes;
+        row.probe_successes = 0;
+        row.probe_failures = 0;
+        row.round_started = Some(now);
+    }
+
+    fn take_probe(&self, row: &mut FlowRow, now: Timestamp) -> (Grant, Option<Transition>) {
+        let mut transition = None;
+        if row.mode == BreakerMode::Normal
+            && row.state == BreakerState::Open
+            && row.open_until.is_none_or(|u| u <= now)
+            && row.paused_until.is_none_or(|p| p <= now)
+        {
+            self.half_open(row, now);
+            transition = Some(Transition {
+                from: BreakerState::Open,
+                to: BreakerState::HalfOpen,
+                at: now,
+                reason: TransitionReason::CooldownElapsed,
+                open_until: None,
+            });
+        }
+        let grant = match self.check(row, now) {
+            Check::Probe if row.state == BreakerState::HalfOpen => {
+                row.probe_permits -= 1;
+                Grant::Probe
+            }
+            Check::Blocked { until, reason } => Grant::Blocked { until, reason },
+            Check::Go => Grant::Go,
+            // Closed with a limit (or forced closed): the caller reserves a slot instead.
+            Check::Limited | Check::Probe => Grant::Blocked {
+                until: now,
+                reason: DeferReason::Throttled,
+            },
+        };
+        (grant, transition)
+    }
+
+    fn probe_answered<R: Rng + ?Sized>(
+        &self,
+        row: &mut FlowRow,
+        result: CallResult,
+        now: Timestamp,
+        rng: &mut R,
+    ) -> Option<Transition> {
+        if row.mode != BreakerMode::Normal || row.state != BreakerState::HalfOpen {
+            return None; // the round was already judged (or an operator took over)
+        }
+        match result {
+            CallResult::Success => row.probe_successes += 1,
+            CallResult::Failure => row.probe_failures += 1,
+            // Neither way (a 429 answered the probe): the permit goes back to the round.
+            CallResult::Ignored => {
+                row.probe_permits = (row.probe_permits + 1).min(self.breaker.half_open_probes);
+                return None;
+            }
+        }
+        let n = self.breaker.half_open_probes;
+        let reopen = self.breaker.probes_to_reopen();
+        if row.probe_failures >= reopen {
+            let reason = TransitionReason::ProbeFailed;
+            return Some(self.trip(row, reason, now, rng));
+        }
+        if row.probe_successes > n - reopen {
+            let from = row.state;
+            row.state = BreakerState::Closed;
+            row.openings = 0;
+            row.probe_permits = 0;
+            row.probe_successes = 0;
+            row.probe_failures = 0;
+            row.round_started = None;
+            return Some(Transition {
+                from,
+                to: BreakerState::Closed,
+                at: now,
+                reason: TransitionReason::ProbesSucceeded,
+                open_until: None,
+            });
+        }
+        None
+    }
+
+    /// Opens the breaker with the next cool-down.
+    fn trip<R: Rng + ?Sized>(
+        &self,
+        row: &mut FlowRow,
+        reason: TransitionReason,
+        now: Timestamp,
+        rng: &mut R,
+    ) -> Transition {
+        let b = &self.breaker;
+        let from = row.state;
+        row.openings = row.openings.saturating_add(1);
+        let nominal = b.cooldown(row.openings);
+        let cooldown = if b.cooldown_jitter > 0.0 {
+            Jitter::Proportional(b.cooldown_jitter).apply(
+                nominal,
+                nominal,
+                b.cooldown_max,
+                None,
+                rng,
+            )
+        } else {
+            nominal
+        };
+        // Whole milliseconds, as the store keeps them.
+        let until = add(now, cooldown);
+        let until = DateTime::from_timestamp_millis(until.timestamp_millis()).unwrap_or(until);
+        row.state = BreakerState::Open;
+        row.open_until = Some(until);
+        row.probe_permits = 0;
+        row.probe_successes = 0;
+        row.probe_failures = 0;
+        row.round_started = None;
+        Transition {
+            from,
+            to: BreakerState::Open,
+            at: now,
+            reason,
+            open_until: Some(until),
+        }
+    }
+
+    fn rate_limited(
+        &self,
+        row: &mut FlowRow,
+        pause_until: Option<Timestamp>,
+        served_per_s: f64,
+        epoch_seen: Option<Timestamp>,
+        now: Timestamp,
+    ) {
+        if let Some(u) = pause_until.filter(|u| *u > now) {
+            row.paused_until = Some(row.paused_until.map_or(u, |p| p.max(u)));
+            if row.pause_reason != Some(PauseReason::Operator) {
+                row.pause_reason = Some(PauseReason::RetryAfter);
+            }
+        }
+        let cfg = &self.rate;
+        if !cfg.adaptive {
+            return;
+        }
+        let served = if served_per_s.is_finite() {
+            served_per_s.max(0.0)
+        } else {
+            0.0
+        };
+        let in_epoch = row.rate_cut_at.is_some_and(|c| now < add(c, CONGESTION_EPOCH));
+        if in_epoch {
+            if epoch_seen.is_some() && epoch_seen == row.rate_cut_at {
+                return; // this process already reported to this epoch
+            }
+            let cap = row.rate_cap.unwrap_or(cfg.ceiling) * cfg.decrease;
+            let r = row.rate.unwrap_or(cfg.floor) + cfg.decrease * served;
+            row.rate = Some(r.min(cap).max(cfg.floor));
+            return;
+        }
+        let cap = self
+            .rate_in_force(row)
+            .unwrap_or(cfg.ceiling)
+            .min(cfg.ceiling);
+        let r = (cfg.decrease * served.min(cap)).clamp(cfg.floor, cfg.ceiling);
+        row.rate = Some(r);
+        row.rate_cap = Some(cap);
+        row.rate_cut_at = Some(now);
+        row.rate_raised_at = Some(now);
+    }
+
+    fn tick(&self, row: &mut FlowRow, now: Timestamp) -> Option<Transition> {
+        if row.mode != BreakerMode::Normal {
+            return None;
+        }
+        match row.state {
+            BreakerState::Open if row.open_until.is_none_or(|u| u <= now) => {
+                self.half_open(row, now);
+                Some(Transition {
+                    from: BreakerState::Open,
+                    to: BreakerState::HalfOpen,
+                    at: now,
+                    reason: TransitionReason::CooldownElapsed,
+                    open_until: None,
+                })
+            }
+            BreakerState::HalfOpen
+                if row
+                    .round_started
+                    .is_none_or(|s| add(s, self.breaker.half_open_timeout) <= now) =>
+            {
+                // Its probers died or never answered: a new round.
+                self.half_open(row, now);
+                None
+            }
+            _ => None,
+        }
+    }
+
+    fn force(&self, row: &mut FlowRow, mode: BreakerMode, now: Timestamp) -> Option<Transition> {
+        let shown = |r: &FlowRow| match r.mode {
+            BreakerMode::Normal => r.state,
+            BreakerMode::ForcedOpen => BreakerState::Open,
+            BreakerMode::ForcedClosed => BreakerState::Closed,
+        };
+        let from = shown(row);
+        row.mode = mode;
+        if mode == BreakerMode::Normal {
+            // Back to the machine, from a clean start.
+            row.state = BreakerState::Closed;
+            row.open_until = None;
+            row.openings = 0;
+            row.probe_permits = 0;
+            row.probe_successes = 0;
+            row.probe_failures = 0;
+            row.round_started = None;
+        }
+        let to = shown(row);
+        (from != to).then_some(Transition {
+            from,
+            to,
+            at: now,
+            reason: TransitionReason::Forced,
+            open_until: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

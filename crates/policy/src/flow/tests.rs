@@ -1,0 +1,674 @@
+use std::time::Duration;
+
+use chrono::{TimeZone, Utc};
+use proptest::prelude::*;
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+
+use super::*;
+use crate::{BreakerConfig, FailureClass, Window};
+
+fn t0() -> Timestamp {
+    Utc.with_ymd_and_hms(2026, 12, 4, 12, 0, 0).unwrap()
+}
+
+fn at_ms(ms: i64) -> Timestamp {
+    t0() + chrono::Duration::milliseconds(ms)
+}
+
+fn rng() -> SmallRng {
+    SmallRng::seed_from_u64(7)
+}
+
+fn breaker() -> BreakerConfig {
+    BreakerConfig::builder()
+        .with_window(Window::Count { size: 10 })
+        .with_minimum_calls(4)
+        .with_failure_rate(0.5)
+        .with_open_cooldown(Duration::from_secs(1))
+        .with_cooldown_multiplier(2.0)
+        .with_cooldown_max(Duration::from_secs(8))
+        .with_cooldown_jitter(0.0)
+        .with_half_open_probes(5)
+        .build()
+        .unwrap()
+}
+
+fn cfg() -> FlowConfig {
+    FlowConfig::default().with_breaker(breaker())
+}
+
+fn open_row(c: &FlowConfig, now: Timestamp) -> FlowRow {
+    let s = c.apply(
+        &FlowRow::default(),
+        FlowEvent::Opened {
+            reason: TransitionReason::FailureRate {
+                rate: 1.0,
+                calls: 4,
+            },
+        },
+        now,
+        &mut rng(),
+    );
+    assert_eq!(s.row.state, BreakerState::Open);
+    s.row
+}
+
+const AHEAD: Duration = Duration::from_secs(1);
+
+// ===== breaker =====
+
+#[test]
+fn an_opening_sets_the_first_cool_down_and_blocks_calls() {
+    let c = cfg();
+    let row = open_row(&c, t0());
+    assert_eq!(row.openings, 1);
+    assert_eq!(row.open_until, Some(at_ms(1000)));
+    assert_eq!(
+        c.check(&row, at_ms(999)),
+        Check::Blocked {
+            until: at_ms(1000),
+            reason: DeferReason::BreakerOpen
+        }
+    );
+    assert_eq!(c.check(&row, at_ms(1000)), Check::Probe);
+}
+
+#[test]
+fn an_opening_reported_twice_applies_once() {
+    let c = cfg();
+    let row = open_row(&c, t0());
+    let again = c.apply(
+        &row,
+        FlowEvent::Opened {
+            reason: TransitionReason::ProbeFailed,
+        },
+        at_ms(10),
+        &mut rng(),
+    );
+    assert!(!again.changed);
+    assert_eq!(again.transition, None);
+}
+
+#[test]
+fn the_fleet_gets_at_most_the_rounds_permits() {
+    let c = cfg();
+    let mut row = open_row(&c, t0());
+    let mut probes = 0;
+    let mut transitions = vec![];
+    for i in 0..20 {
+        let s = c.apply(&row, FlowEvent::TakeProbe, at_ms(1000 + i), &mut rng());
+        if s.grant == Grant::Probe {
+            probes += 1;
+        }
+        transitions.extend(s.transition);
+        row = s.row;
+    }
+    assert_eq!(probes, 5);
+    assert_eq!(transitions.len(), 1);
+    assert_eq!(transitions[0].to, BreakerState::HalfOpen);
+    assert!(matches!(
+        c.check(&row, at_ms(1100)),
+        Check::Blocked {
+            reason: DeferReason::BreakerOpen,
+            ..
+        }
+    ));
+}
+
+fn round(c: &FlowConfig, results: &[CallResult]) -> (FlowRow, Vec<Transition>) {
+    let mut row = open_row(c, t0());
+    let mut ts = vec![];
+    for _ in 0..c.breaker.half_open_probes {
+        let s = c.apply(&row, FlowEvent::TakeProbe, at_ms(1000), &mut rng());
+        ts.extend(s.transition);
+        row = s.row;
+    }
+    for r in results {
+        let s = c.apply(
+            &row,
+            FlowEvent::ProbeAnswered { result: *r },
+            at_ms(1100),
+            &mut rng(),
+        );
+        ts.extend(s.transition);
+        row = s.row;
+    }
+    (row, ts)
+}
+
+#[test]
+fn one_failed_probe_of_five_does_not_reopen() {
+    use CallResult::{Failure as F, Success as S};
+    let c = cfg();
+    let (row, ts) = round(&c, &[F, S, S, S]);
+    assert_eq!(row.state, BreakerState::Closed);
+    assert_eq!(ts.last().unwrap().reason, TransitionReason::ProbesSucceeded);
+    // The growth of the cool-down starts over after a close.
+    assert_eq!(row.openings, 0);
+    let again = open_row(&c, at_ms(5000));
+    assert_eq!(again.openings, 1);
+}
+
+#[test]
+fn three_failed_probes_of_five_reopen_with_a_longer_cool_down() {
+    use CallResult::{Failure as F, Success as S};
+    let c = cfg();
+    let (row, ts) = round(&c, &[F, S, F, F]);
+    assert_eq!(row.state, BreakerState::Open);
+    assert_eq!(row.openings, 2);
+    assert_eq!(row.open_until, Some(at_ms(1100 + 2000)));
+    let last = ts.last().unwrap();
+    assert_eq!((last.from, last.to), (BreakerState::HalfOpen, BreakerState::Open));
+    // A late answer of the judged round changes nothing.
+    let late = c.apply(
+        &row,
+        FlowEvent::ProbeAnswered { result: S },
+        at_ms(1200),
+        &mut rng(),
+    );
+    assert!(!late.changed);
+}
+
+#[test]
+fn a_rate_limited_probe_hands_its_permit_back() {
+    let c = cfg();
+    let mut row = open_row(&c, t0());
+    row = c
+        .apply(&row, FlowEvent::TakeProbe, at_ms(1000), &mut rng())
+        .row;
+    assert_eq!(row.probe_permits, 4);
+    let s = c.apply(
+        &row,
+        FlowEvent::ProbeAnswered {
+            result: CallResult::Ignored,
+        },
+        at_ms(1010),
+        &mut rng(),
+    );
+    assert_eq!(s.row.probe_permits, 5);
+    assert_eq!(s.row.state, BreakerState::HalfOpen);
+}
+
+#[test]
+fn a_round_whose_probers_vanished_starts_again_after_the_timeout() {
+    let c = cfg();
+    let mut row = open_row(&c, t0());
+    for _ in 0..5 {
+        row = c
+            .apply(&row, FlowEvent::TakeProbe, at_ms(1000), &mut rng())
+            .row;
+    }
+    assert_eq!(row.probe_permits, 0);
+    let early = c.apply(&row, FlowEvent::Tick, at_ms(20_000), &mut rng());
+    assert!(!early.changed);
+    let late = c.apply(&row, FlowEvent::Tick, at_ms(31_000), &mut rng());
+    assert_eq!(late.row.probe_permits, 5);
+    assert_eq!(late.row.round_started, Some(at_ms(31_000)));
+}
+
+#[test]
+fn forced_open_blocks_and_auto_starts_over_closed() {
+    let c = cfg();
+    let s = c.apply(
+        &FlowRow::default(),
+        FlowEvent::Force(BreakerMode::ForcedOpen),
+        t0(),
+        &mut rng(),
+    );
+    assert_eq!(s.transition.unwrap().to, BreakerState::Open);
+    assert!(matches!(c.check(&s.row, t0()), Check::Blocked { .. }));
+    // The machine does not move a forced breaker.
+    let tick = c.apply(&s.row, FlowEvent::Tick, at_ms(100_000), &mut rng());
+    assert!(!tick.changed);
+    let back = c.apply(
+        &s.row,
+        FlowEvent::Force(BreakerMode::Normal),
+        at_ms(1),
+        &mut rng(),
+    );
+    assert_eq!(back.row.state, BreakerState::Closed);
+    assert_eq!(c.check(&back.row, at_ms(1)), Check::Go);
+}
+
+// ===== pause =====
+
+#[test]
+fn a_retry_after_pauses_the_fleet_until_then_and_never_shortens_a_pause() {
+    let c = cfg();
+    let ev = |until| FlowEvent::RateLimited {
+        pause_until: Some(until),
+        served_per_s: 50.0,
+        epoch_seen: None,
+    };
+    let s = c.apply(&FlowRow::default(), ev(at_ms(2000)), t0(), &mut rng());
+    assert_eq!(s.row.paused_until, Some(at_ms(2000)));
+    assert_eq!(s.row.pause_reason, Some(PauseReason::RetryAfter));
+    assert_eq!(
+        c.check(&s.row, at_ms(1999)),
+        Check::Blocked {
+            until: at_ms(2000),
+            reason: DeferReason::Paused
+        }
+    );
+    let shorter = c.apply(&s.row, ev(at_ms(1500)), at_ms(10), &mut rng());
+    assert_eq!(shorter.row.paused_until, Some(at_ms(2000)));
+}
+
+// ===== rate limit =====
+
+#[test]
+fn a_fixed_limit_hands_out_slots_at_the_rate() {
+    let c = cfg().with_rate(RateConfig::fixed(80.0).unwrap().with_burst(0));
+    let s = c.apply(
+        &FlowRow::default(),
+        FlowEvent::Reserve { max_ahead: AHEAD },
+        t0(),
+        &mut rng(),
+    );
+    let Grant::Slots(slots) = s.grant else {
+        panic!("{:?}", s.grant)
+    };
+    assert_eq!(slots.count(), 8);
+    assert_eq!(slots.at(0), t0());
+    assert_eq!(slots.at(7), t0() + chrono::Duration::microseconds(7 * 12_500));
+    assert_eq!(s.row.tat, Some(t0() + chrono::Duration::microseconds(8 * 12_500)));
+    // The next reservation continues where this one ended.
+    let s2 = c.apply(
+        &s.row,
+        FlowEvent::Reserve { max_ahead: AHEAD },
+        t0(),
+        &mut rng(),
+    );
+    let Grant::Slots(next) = s2.grant else {
+        panic!()
+    };
+    assert_eq!(next.at(0), t0() + chrono::Duration::microseconds(8 * 12_500));
+}
+
+#[test]
+fn no_slot_beyond_max_ahead_and_the_wait_is_named() {
+    let c = cfg().with_rate(RateConfig::fixed(10.0).unwrap().with_burst(0));
+    let mut row = FlowRow {
+        tat: Some(at_ms(5000)),
+        ..FlowRow::default()
+    };
+    let s = c.apply(
+        &row,
+        FlowEvent::Reserve { max_ahead: AHEAD },
+        t0(),
+        &mut rng(),
+    );
+    assert_eq!(
+        s.grant,
+        Grant::Blocked {
+            until: at_ms(5000),
+            reason: DeferReason::Throttled
+        }
+    );
+    // A short max_ahead trims the batch instead of handing out slots too far away.
+    row.tat = Some(at_ms(950));
+    let s = c.apply(
+        &row,
+        FlowEvent::Reserve { max_ahead: AHEAD },
+        t0(),
+        &mut rng(),
+    );
+    let Grant::Slots(slots) = s.grant else {
+        panic!("{:?}", s.grant)
+    };
+    assert_eq!(slots.count(), 1);
+    assert_eq!(slots.at(0), at_ms(950));
+}
+
+#[test]
+fn without_a_limit_or_a_429_nothing_is_reserved() {
+    let c = cfg();
+    let s = c.apply(
+        &FlowRow::default(),
+        FlowEvent::Reserve { max_ahead: AHEAD },
+        t0(),
+        &mut rng(),
+    );
+    assert_eq!(s.grant, Grant::Go);
+    assert!(!s.changed);
+    assert_eq!(c.check(&FlowRow::default(), t0()), Check::Go);
+}
+
+#[test]
+fn the_first_429_sets_the_rate_from_what_got_through() {
+    let c = cfg();
+    let s = c.apply(
+        &FlowRow::default(),
+        FlowEvent::RateLimited {
+            pause_until: Some(at_ms(1000)),
+            served_per_s: 80.0,
+            epoch_seen: None,
+        },
+        t0(),
+        &mut rng(),
+    );
+    assert_eq!(s.row.rate, Some(72.0));
+    assert_eq!(s.row.rate_cut_at, Some(t0()));
+    assert_eq!(c.check(&s.row, at_ms(1000)), Check::Limited);
+}
+
+#[test]
+fn every_process_adds_its_share_once_per_epoch() {
+    let c = cfg();
+    let ev = |served, seen| FlowEvent::RateLimited {
+        pause_until: None,
+        served_per_s: served,
+        epoch_seen: seen,
+    };
+    // Three processes, each got ~17/s of a 50/s limit through.
+    let a = c.apply(&FlowRow::default(), ev(17.0, None), t0(), &mut rng());
+    let epoch = a.row.rate_cut_at;
+    let b = c.apply(&a.row, ev(16.0, None), at_ms(5), &mut rng());
+    let a_again = c.apply(&b.row, ev(17.0, epoch), at_ms(6), &mut rng());
+    assert!(!a_again.changed, "a process reports once per epoch");
+    let cc = c.apply(&a_again.row, ev(17.0, None), at_ms(7), &mut rng());
+    let r = cc.row.rate.unwrap();
+    assert!((r - 0.9 * 50.0).abs() < 1e-9, "{r}");
+    // A 429 after the epoch is a new cut, from the rate in force.
+    let later = c.apply(&cc.row, ev(17.0, epoch), at_ms(1500), &mut rng());
+    assert!((later.row.rate.unwrap() - 0.9 * 17.0).abs() < 1e-9);
+}
+
+#[test]
+fn an_epoch_never_sums_beyond_the_rate_before_it() {
+    let c = cfg().with_rate(RateConfig::fixed(40.0).unwrap());
+    let ev = |served| FlowEvent::RateLimited {
+        pause_until: None,
+        served_per_s: served,
+        epoch_seen: None,
+    };
+    let mut row = FlowRow::default();
+    for i in 0..10 {
+        row = c.apply(&row, ev(30.0), at_ms(i), &mut rng()).row;
+    }
+    assert!((row.rate.unwrap() - 36.0).abs() < 1e-9);
+}
+
+#[test]
+fn the_rate_grows_additively_while_used_up_to_the_configured_limit() {
+    let c = cfg().with_rate(
+        RateConfig::fixed(100.0)
+            .unwrap()
+            .with_increase(10.0)
+            .with_burst(0),
+    );
+    let row = FlowRow {
+        rate: Some(50.0),
+        rate_cut_at: Some(t0()),
+        rate_raised_at: Some(t0()),
+        ..FlowRow::default()
+    };
+    // Inside the epoch: no increase.
+    let s = c.apply(
+        &row,
+        FlowEvent::Reserve { max_ahead: AHEAD },
+        at_ms(500),
+        &mut rng(),
+    );
+    assert_eq!(s.row.rate, Some(50.0));
+    // 2 s later: one second's worth at most (the gap is capped at 1 s).
+    let s = c.apply(
+        &row,
+        FlowEvent::Reserve { max_ahead: AHEAD },
+        at_ms(2000),
+        &mut rng(),
+    );
+    assert_eq!(s.row.rate, Some(60.0));
+    let mut r = s.row;
+    for i in 0..20 {
+        r = c
+            .apply(
+                &r,
+                FlowEvent::Reserve { max_ahead: AHEAD },
+                at_ms(3000 + i * 1000),
+                &mut rng(),
+            )
+            .row;
+    }
+    assert_eq!(r.rate, Some(100.0));
+}
+
+#[test]
+fn a_learned_rate_that_reaches_the_ceiling_is_lifted() {
+    let c = cfg().with_rate(
+        RateConfig::adaptive()
+            .with_bounds(1.0, 100.0)
+            .with_increase(50.0),
+    );
+    let row = FlowRow {
+        rate: Some(90.0),
+        rate_raised_at: Some(t0()),
+        ..FlowRow::default()
+    };
+    let s = c.apply(
+        &row,
+        FlowEvent::Reserve { max_ahead: AHEAD },
+        at_ms(1000),
+        &mut rng(),
+    );
+    assert_eq!(s.grant, Grant::Go);
+    assert_eq!(s.row.rate, None);
+}
+
+#[test]
+fn a_fixed_limit_that_is_not_adaptive_ignores_429s() {
+    let c = cfg().with_rate(RateConfig::fixed(80.0).unwrap().with_adaptive(false));
+    let s = c.apply(
+        &FlowRow::default(),
+        FlowEvent::RateLimited {
+            pause_until: None,
+            served_per_s: 10.0,
+            epoch_seen: None,
+        },
+        t0(),
+        &mut rng(),
+    );
+    assert_eq!(s.row.rate, None);
+    assert_eq!(c.rate_in_force(&s.row), Some(80.0));
+}
+
+#[test]
+fn bad_rate_settings_are_named() {
+    let e = RateConfig::fixed(0.0).unwrap_err().to_string();
+    assert!(e.contains("rate_limit"), "{e}");
+    for (c, field) in [
+        (RateConfig::adaptive().with_decrease(1.0), "rate_decrease"),
+        (RateConfig::adaptive().with_bounds(10.0, 5.0), "rate_ceiling"),
+        (RateConfig::adaptive().with_bounds(0.0, 5.0), "rate_floor"),
+        (
+            RateConfig::adaptive().with_batch(Duration::from_secs(2)),
+            "rate_batch",
+        ),
+        (RateConfig::adaptive().with_increase(f64::NAN), "rate_increase"),
+    ] {
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains(field), "{e} should name {field}");
+    }
+}
+
+/// Runs a fleet of `procs` processes reserving slots whenever they run out, each sending
+/// every slot, for `secs` seconds; returns the send times (µs since t0).
+fn fleet_sends(c: &FlowConfig, procs: usize, secs: i64, step_us: i64) -> Vec<i64> {
+    let mut row = FlowRow::default();
+    let mut queues: Vec<Vec<Timestamp>> = vec![vec![]; procs];
+    let mut sends = vec![];
+    let mut r = rng();
+    let mut now_us = 0;
+    while now_us < secs * 1_000_000 {
+        let now = t0() + chrono::Duration::microseconds(now_us);
+        for q in queues.iter_mut() {
+            q.retain(|t| {
+                if *t <= now {
+                    sends.push((*t - t0()).num_microseconds().unwrap());
+                    false
+                } else {
+                    true
+                }
+            });
+            if q.is_empty() {
+                let s = c.apply(&row, FlowEvent::Reserve { max_ahead: AHEAD }, now, &mut r);
+                if let Grant::Slots(sl) = s.grant {
+                    q.extend((0..sl.count()).map(|i| sl.at(i)));
+                }
+                row = s.row;
+            }
+        }
+        now_us += step_us;
+    }
+    sends.sort_unstable();
+    sends
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Over any window, the fleet's sends stay within rate × window + burst + 1.
+    #[test]
+    fn the_limiter_admits_at_most_rate_times_window_plus_burst(
+        rate in 1.0f64..500.0,
+        burst in 0u32..20,
+        procs in 1usize..6,
+        step_us in 100i64..20_000,
+        window_ms in 50i64..2000,
+    ) {
+        let c = cfg().with_rate(RateConfig::fixed(rate).unwrap().with_burst(burst).with_adaptive(false));
+        let sends = fleet_sends(&c, procs, 3, step_us);
+        let w = window_ms * 1000;
+        let bound = (rate * window_ms as f64 / 1000.0).floor() as usize + burst as usize + 1;
+        let mut j = 0;
+        for i in 0..sends.len() {
+            while sends[i] - sends[j] >= w { j += 1; }
+            prop_assert!(i - j < bound, "{} sends in {window_ms} ms at {rate}/s burst {burst}", i - j + 1);
+        }
+    }
+
+    /// Never more probes than permits, whatever the order of events.
+    #[test]
+    fn never_more_probes_than_permits(events in proptest::collection::vec(0u8..4, 1..200)) {
+        let c = cfg();
+        let mut row = open_row(&c, t0());
+        let mut r = rng();
+        let mut outstanding = 0u32; // probes taken and not answered, this round
+        for (i, e) in events.iter().enumerate() {
+            let now = at_ms(1000 + i as i64 * 10);
+            let before = row.state;
+            let s = match e {
+                0 | 1 => c.apply(&row, FlowEvent::TakeProbe, now, &mut r),
+                2 => c.apply(&row, FlowEvent::ProbeAnswered { result: CallResult::Failure }, now, &mut r),
+                _ => c.apply(&row, FlowEvent::ProbeAnswered { result: CallResult::Success }, now, &mut r),
+            };
+            if s.grant == Grant::Probe { outstanding += 1; }
+            if s.row.state != before || s.row.round_started != row.round_started { outstanding = u32::from(s.grant == Grant::Probe); }
+            prop_assert!(outstanding <= c.breaker.half_open_probes);
+            prop_assert!(s.row.probe_permits <= c.breaker.half_open_probes);
+            row = s.row;
+        }
+    }
+
+    /// A local error (exception class) never moves the breaker: it is ignored by default.
+    #[test]
+    fn a_local_error_never_moves_the_breaker(n in 1usize..200) {
+        let b = breaker();
+        prop_assert_eq!(b.result_of(FailureClass::Exception), CallResult::Ignored);
+        prop_assert_eq!(b.result_of(FailureClass::Permanent), CallResult::Success);
+        let mut local = crate::CircuitBreaker::new(b, 1);
+        for i in 0..n {
+            prop_assert_eq!(local.record(FailureClass::Exception, Duration::ZERO, at_ms(i as i64)), None);
+        }
+        prop_assert_eq!(local.state(), BreakerState::Closed);
+    }
+}
+
+/// AIMD against a PSP that serves `limit`/s (a token bucket holding one second of it, as the
+/// PSP simulator's) and answers 429 with `Retry-After: 1` beyond: after a minute, what gets
+/// through settles within 10% of the limit, with few 429s, and the learned rate stays near it.
+#[test]
+fn aimd_settles_near_a_fixed_psp_limit() {
+    for limit in [20.0, 80.0, 300.0] {
+        let c = cfg();
+        let mut row = FlowRow::default();
+        let mut r = rng();
+        let mut tokens = limit;
+        let mut last_us = 0i64;
+        let mut served = ServedRate::default();
+        let mut queue: Vec<Timestamp> = vec![];
+        let mut seen_epoch = None;
+        let mut rates = vec![];
+        let (mut ok_late, mut limited_late, mut sent_late) = (0u32, 0u32, 0u32);
+        let step = 1000i64; // 1 ms; the process always has work
+        let mut now_us = 0i64;
+        while now_us < 120_000_000 {
+            let now = t0() + chrono::Duration::microseconds(now_us);
+            let send = match c.check(&row, now) {
+                Check::Go => true,
+                Check::Limited => {
+                    if queue.is_empty() {
+                        let s = c.apply(&row, FlowEvent::Reserve { max_ahead: AHEAD }, now, &mut r);
+                        if let Grant::Slots(sl) = s.grant {
+                            queue.extend((0..sl.count()).map(|i| sl.at(i)));
+                        }
+                        row = s.row;
+                    }
+                    if queue.first().is_some_and(|t| *t <= now) {
+                        queue.remove(0);
+                        true
+                    } else {
+                        false
+                    }
+                }
+                _ => {
+                    queue.clear();
+                    false
+                }
+            };
+            let late = now_us >= 60_000_000;
+            if send {
+                sent_late += u32::from(late);
+                tokens = (tokens + (now_us - last_us) as f64 / 1e6 * limit).min(limit);
+                last_us = now_us;
+                if tokens >= 1.0 {
+                    tokens -= 1.0;
+                    served.record(now);
+                    ok_late += u32::from(late);
+                } else {
+                    limited_late += u32::from(late);
+                    let s = c.apply(
+                        &row,
+                        FlowEvent::RateLimited {
+                            pause_until: Some(now + chrono::Duration::seconds(1)),
+                            served_per_s: served.per_second(now),
+                            epoch_seen: seen_epoch,
+                        },
+                        now,
+                        &mut r,
+                    );
+                    row = s.row;
+                    seen_epoch = row.rate_cut_at;
+                    queue.clear();
+                }
+            }
+            if late && now_us % 1_000_000 == 0 {
+                rates.push(c.rate_in_force(&row).unwrap_or(f64::INFINITY));
+            }
+            now_us += step;
+        }
+        let through = f64::from(ok_late) / 60.0;
+        let share_429 = f64::from(limited_late) / f64::from(sent_late);
+        let mean = rates.iter().sum::<f64>() / rates.len() as f64;
+        assert!(
+            (through - limit).abs() <= 0.1 * limit && share_429 < 0.03,
+            "limit {limit}: {through:.1}/s got through, {:.1}% 429, learned rate {mean:.1}",
+            share_429 * 100.0
+        );
+        assert!(
+            (mean - limit).abs() <= 0.25 * limit,
+            "limit {limit}: learned rate {mean:.1} (rates {rates:?})"
+        );
+    }
+}
