@@ -364,6 +364,9 @@ pub enum FlowEvent {
         /// The congestion epoch (`rate_cut_at`) this process has already reported to, so it
         /// is counted once per epoch.
         epoch_seen: Option<Timestamp>,
+        /// The call was a half-open probe: its permit goes back to the round (a 429 says
+        /// nothing about the dependency's health).
+        probe: bool,
     },
     /// Housekeeping: an open breaker whose cool-down ended goes half-open; a half-open round
     /// that timed out starts again.
@@ -523,7 +526,7 @@ fn ts_us(u: i64) -> Timestamp {
     DateTime::from_timestamp_micros(u).unwrap_or(DateTime::<chrono::Utc>::MAX_UTC)
 }
 
-fn add(t: Timestamp, d: Duration) -> Timestamp {
+pub(crate) fn add(t: Timestamp, d: Duration) -> Timestamp {
     ts_us(us(t).saturating_add(i64::try_from(d.as_micros()).unwrap_or(i64::MAX)))
 }
 
@@ -603,7 +606,14 @@ impl FlowConfig {
                 pause_until,
                 served_per_s,
                 epoch_seen,
-            } => self.rate_limited(&mut next, pause_until, served_per_s, epoch_seen, now),
+                probe,
+            } => {
+                if probe {
+                    transition =
+                        self.probe_answered(&mut next, CallResult::Ignored, now, rng);
+                }
+                self.rate_limited(&mut next, pause_until, served_per_s, epoch_seen, now);
+            }
             FlowEvent::Tick => transition = self.tick(&mut next, now),
             FlowEvent::Force(mode) => transition = self.force(&mut next, mode, now),
             FlowEvent::Pause { until } => {
@@ -915,6 +925,9 @@ impl FlowConfig {
         })
     }
 }
+
+mod client;
+pub use client::{FlowClient, Next};
 
 #[cfg(test)]
 mod tests;

@@ -56,7 +56,8 @@ pub use file::PolicySet;
 pub use flow::{
     CONGESTION_EPOCH, Check, DEFAULT_RATE_BATCH, DEFAULT_RATE_BURST, DEFAULT_RATE_CEILING,
     DEFAULT_RATE_DECREASE, DEFAULT_RATE_FLOOR, DEFAULT_RATE_INCREASE, FlowConfig, FlowEvent,
-    FlowRow, Grant, MAX_SLOTS_PER_RESERVATION, RateConfig, ServedRate, Slots, Step,
+    FlowClient, FlowRow, Grant, MAX_SLOTS_PER_RESERVATION, Next, RateConfig, ServedRate, Slots,
+    Step,
 };
 pub use jitter::{Jitter, MAX_PROPORTIONAL_FACTOR};
 pub use outcome::{Outcome, StatusTable};

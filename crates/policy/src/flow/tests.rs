@@ -240,6 +240,7 @@ fn a_retry_after_pauses_the_fleet_until_then_and_never_shortens_a_pause() {
         pause_until: Some(until),
         served_per_s: 50.0,
         epoch_seen: None,
+        probe: false,
     };
     let s = c.apply(&FlowRow::default(), ev(at_ms(2000)), t0(), &mut rng());
     assert_eq!(s.row.paused_until, Some(at_ms(2000)));
@@ -344,6 +345,7 @@ fn the_first_429_sets_the_rate_from_what_got_through() {
             pause_until: Some(at_ms(1000)),
             served_per_s: 80.0,
             epoch_seen: None,
+            probe: false,
         },
         t0(),
         &mut rng(),
@@ -360,6 +362,7 @@ fn every_process_adds_its_share_once_per_epoch() {
         pause_until: None,
         served_per_s: served,
         epoch_seen: seen,
+        probe: false,
     };
     // Three processes, each got ~17/s of a 50/s limit through.
     let a = c.apply(&FlowRow::default(), ev(17.0, None), t0(), &mut rng());
@@ -382,6 +385,7 @@ fn an_epoch_never_sums_beyond_the_rate_before_it() {
         pause_until: None,
         served_per_s: served,
         epoch_seen: None,
+        probe: false,
     };
     let mut row = FlowRow::default();
     for i in 0..10 {
@@ -465,6 +469,7 @@ fn a_fixed_limit_that_is_not_adaptive_ignores_429s() {
             pause_until: None,
             served_per_s: 10.0,
             epoch_seen: None,
+            probe: false,
         },
         t0(),
         &mut rng(),
@@ -644,6 +649,7 @@ fn aimd_settles_near_a_fixed_psp_limit() {
                             pause_until: Some(now + chrono::Duration::seconds(1)),
                             served_per_s: served.per_second(now),
                             epoch_seen: seen_epoch,
+                            probe: false,
                         },
                         now,
                         &mut r,

@@ -1,0 +1,235 @@
+//! One worker process's side of a dependency's flow control.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use super::{Check, FlowConfig, FlowEvent, FlowRow, Grant, ServedRate, add};
+use crate::breaker::{BreakerMode, BreakerState, CircuitBreaker};
+use crate::{DeferReason, FailureClass, RetryBudget, Timestamp};
+
+/// A send slot older than this is dropped rather than used late (it would bunch calls).
+const SLOT_GRACE: Duration = Duration::from_millis(20);
+/// How long a retry held back by the retry budget waits before it looks again.
+const BUDGET_WAIT: Duration = Duration::from_secs(1);
+
+/// What a worker does next about one call.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Next {
+    /// Call now; `probe` when it is one of the half-open probes (report its answer).
+    Call {
+        /// A half-open probe.
+        probe: bool,
+    },
+    /// Call at `at`, a send slot of the rate limit (wait for it in process).
+    CallAt {
+        /// The slot.
+        at: Timestamp,
+    },
+    /// Apply this event to the shared row (compare-and-set), then give the step's grant to
+    /// [`FlowClient::granted`].
+    Apply(FlowEvent),
+    /// Don't call before `until`: the job is deferred, and this is not an attempt.
+    Blocked {
+        /// The earliest time worth trying again.
+        until: Timestamp,
+        /// Why.
+        reason: DeferReason,
+    },
+}
+
+/// What one worker process keeps about a dependency between reads of the shared
+/// [`FlowRow`]: its own failure window (the breaker's closed-state judgement), the send slots
+/// it reserved, what got through lately ([`ServedRate`]), the congestion epoch it reported
+/// to, and its retry budget. Pure, like the row's machine: the runtime wraps it with the
+/// store's I/O, and `redrive simulate` with simulated time.
+///
+/// The protocol, for every call:
+/// 1. [`FlowClient::before_call`] with the row as last read: call now, call at a slot, apply
+///    an event first (reserve slots, take a probe), or defer.
+/// 2. After applying an event, [`FlowClient::granted`] with the step's grant.
+/// 3. After the call, [`FlowClient::after_call`]: the report to apply to the row, if any
+///    (a probe's answer, an opening, a 429); then [`FlowClient::reported`] with the row after it.
+///
+/// ```
+/// use std::time::Duration;
+/// use chrono::{TimeZone, Utc};
+/// use rand::{SeedableRng, rngs::SmallRng};
+/// use redrive_policy::{FailureClass, FlowClient, FlowConfig, FlowRow, Next, RateConfig};
+///
+/// let cfg = FlowConfig::default().with_rate(RateConfig::fixed(80.0).unwrap().with_burst(0));
+/// let mut client = FlowClient::new(cfg.clone(), 1);
+/// let mut rng = SmallRng::seed_from_u64(1);
+/// let (now, wait) = (Utc.with_ymd_and_hms(2026, 12, 4, 12, 0, 0).unwrap(), Duration::from_secs(1));
+/// let mut row = FlowRow::default();
+/// let Next::Apply(ev) = client.before_call(&row, false, wait, now) else { panic!() };
+/// let step = cfg.apply(&row, ev, now, &mut rng); // the runtime writes step.row to the store
+/// row = step.row;
+/// assert_eq!(client.granted(step.grant, now), Next::CallAt { at: now });
+/// // The next call takes the batch's second slot, 12.5 ms later, without touching the row.
+/// let at = now + chrono::Duration::microseconds(12_500);
+/// assert_eq!(client.before_call(&row, false, wait, now), Next::CallAt { at });
+/// assert_eq!(client.after_call(&row, false, FailureClass::Success, Duration::ZERO, None, now), None);
+/// ```
+#[derive(Debug, Clone)]
+pub struct FlowClient {
+    config: FlowConfig,
+    window: CircuitBreaker,
+    served: ServedRate,
+    slots: VecDeque<Timestamp>,
+    epoch_seen: Option<Timestamp>,
+    budget: Option<RetryBudget>,
+}
+
+impl FlowClient {
+    /// A client for one dependency; `seed` seeds its local breaker's jitter.
+    pub fn new(config: FlowConfig, seed: u64) -> Self {
+        let budget = config.retry_budget.and_then(|b| b.build().ok());
+        Self {
+            window: CircuitBreaker::new(config.breaker.clone(), seed),
+            config,
+            served: ServedRate::default(),
+            slots: VecDeque::new(),
+            epoch_seen: None,
+            budget,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &FlowConfig {
+        &self.config
+    }
+
+    /// What got through lately, per second.
+    pub fn served_per_s(&self, now: Timestamp) -> f64 {
+        self.served.per_second(now)
+    }
+
+    /// Send slots this process holds.
+    pub fn slots_held(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Keeps the local window in step with the fleet's state (an opening or a close by
+    /// another process).
+    fn observe(&mut self, row: &FlowRow, now: Timestamp) {
+        let state = match row.mode {
+            BreakerMode::ForcedOpen => BreakerState::Open,
+            BreakerMode::ForcedClosed => BreakerState::Closed,
+            BreakerMode::Normal => row.state,
+        };
+        self.window.observe(state, row.open_until, now);
+    }
+
+    /// Before a call, with the row as last read. `retry`: the job has been attempted before
+    /// (it draws on the retry budget). `max_wait`: the longest wait in process for a send slot.
+    pub fn before_call(
+        &mut self,
+        row: &FlowRow,
+        retry: bool,
+        max_wait: Duration,
+        now: Timestamp,
+    ) -> Next {
+        self.observe(row, now);
+        let check = self.config.check(row, now);
+        match check {
+            Check::Blocked { until, reason } => return Next::Blocked { until, reason },
+            Check::Probe => return Next::Apply(FlowEvent::TakeProbe),
+            Check::Go | Check::Limited => {}
+        }
+        if let Some(b) = self.budget.as_mut() {
+            if !retry {
+                b.deposit(now);
+            } else if !b.withdraw(now) {
+                return Next::Blocked {
+                    until: add(now, BUDGET_WAIT),
+                    reason: DeferReason::RetryBudget,
+                };
+            }
+        }
+        if check == Check::Go {
+            self.slots.clear();
+            return Next::Call { probe: false };
+        }
+        let oldest = now - chrono::Duration::from_std(SLOT_GRACE).unwrap_or_default();
+        while self.slots.front().is_some_and(|s| *s < oldest) {
+            self.slots.pop_front();
+        }
+        match self.slots.front().copied() {
+            Some(at) if at <= add(now, max_wait) => {
+                self.slots.pop_front();
+                Next::CallAt { at }
+            }
+            Some(at) => Next::Blocked {
+                until: at,
+                reason: DeferReason::Throttled,
+            },
+            None => Next::Apply(FlowEvent::Reserve {
+                max_ahead: max_wait,
+            }),
+        }
+    }
+
+    /// After applying the event [`FlowClient::before_call`] asked for: what the step granted.
+    pub fn granted(&mut self, grant: Grant, now: Timestamp) -> Next {
+        match grant {
+            Grant::Go | Grant::None => Next::Call { probe: false },
+            Grant::Probe => Next::Call { probe: true },
+            Grant::Blocked { until, reason } => Next::Blocked { until, reason },
+            Grant::Slots(s) => {
+                self.slots.extend((0..s.count()).map(|i| s.at(i)));
+                match self.slots.pop_front() {
+                    Some(at) => Next::CallAt { at },
+                    None => Next::Blocked {
+                        until: now,
+                        reason: DeferReason::Throttled,
+                    },
+                }
+            }
+        }
+    }
+
+    /// After a call: the report to apply to the shared row, if any. `pause_until` is the
+    /// server's `Retry-After` as an instant.
+    pub fn after_call(
+        &mut self,
+        row: &FlowRow,
+        probe: bool,
+        class: FailureClass,
+        took: Duration,
+        pause_until: Option<Timestamp>,
+        now: Timestamp,
+    ) -> Option<FlowEvent> {
+        self.observe(row, now);
+        if class == FailureClass::RateLimited {
+            // The slots were drawn at a rate the dependency just refused.
+            self.slots.clear();
+            return Some(FlowEvent::RateLimited {
+                pause_until,
+                served_per_s: self.served.per_second(now),
+                epoch_seen: self.epoch_seen,
+                probe,
+            });
+        }
+        if class != FailureClass::Exception {
+            self.served.record(now);
+        }
+        let result = self.config.breaker.result_of(class);
+        if probe {
+            return Some(FlowEvent::ProbeAnswered { result });
+        }
+        if row.mode != BreakerMode::Normal || row.state != BreakerState::Closed {
+            return None;
+        }
+        let t = self.window.record_result(result, took, now)?;
+        (t.to == BreakerState::Open).then_some(FlowEvent::Opened { reason: t.reason })
+    }
+
+    /// After a report was applied: the row as it is now (notes the congestion epoch this
+    /// process has reported to, so it reports to it once).
+    pub fn reported(&mut self, event: &FlowEvent, row: &FlowRow, now: Timestamp) {
+        if matches!(event, FlowEvent::RateLimited { .. }) {
+            self.epoch_seen = row.rate_cut_at;
+        }
+        self.observe(row, now);
+    }
+}
