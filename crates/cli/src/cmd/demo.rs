@@ -15,8 +15,7 @@ use anyhow::Context;
 use chrono::Utc;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use redrive_http::HttpJob;
-use redrive_policy::{BreakerConfig, Jitter, PolicySet, RetryPolicy, Window};
-use redrive_psp_sim::{Faults, Outage, PspSim};
+use redrive_psp_sim::{Faults, PspSim};
 use redrive_runtime::Worker;
 use redrive_sim::LoadChart;
 use redrive_store::{JobState, ListParams, NewJob, Store};
@@ -27,11 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::args::{DemoArgs, Global};
 use crate::cmd::queue::block_on;
 
-const QUEUE: &str = "payments";
-const DEPENDENCY: &str = "psp";
-const PROBES: u32 = 3;
-const OUTAGE: (u64, u64) = (3, 5);
-const RETRY_AFTER_S: u64 = 1;
+use crate::cmd::demo_scenario::{DEPENDENCY, OUTAGE, QUEUE, RETRY_AFTER_S, policies, scenario};
 
 /// The report, also printed with `--json`.
 #[derive(Debug, Serialize)]
@@ -77,64 +72,6 @@ struct Psp {
     distinct_keys: u64,
     duplicate_effects: u64,
     replays: u64,
-}
-
-fn policies() -> anyhow::Result<(PolicySet, RetryPolicy)> {
-    // The payment preset, with demo-sized budgets: more attempts (every 429 is one) and a defer
-    // phase in seconds instead of minutes, so the whole run fits in a minute.
-    let policy = RetryPolicy::builder("demo")
-        .with_max_attempts(25)
-        .with_jitter(Jitter::Full)
-        .with_window(Duration::from_secs(300))
-        .with_defer(
-            redrive_policy::Backoff::schedule(
-                vec![
-                    Duration::from_secs(2),
-                    Duration::from_secs(5),
-                    Duration::from_secs(10),
-                ],
-                Duration::from_secs(10),
-            )?,
-            Jitter::Proportional(0.2),
-            3,
-        )
-        .with_max_exceptions(5)
-        .with_blocked_jitter(Duration::from_millis(500))
-        .build()?;
-    let breaker = BreakerConfig::builder()
-        .with_window(Window::Count { size: 40 })
-        .with_minimum_calls(20)
-        .with_failure_rate(0.5)
-        .with_open_cooldown(Duration::from_secs(1))
-        .with_half_open_probes(PROBES)
-        .build()?;
-    let mut set = PolicySet::builtin();
-    set.insert(policy.clone());
-    set.insert_breaker(DEPENDENCY, breaker);
-    Ok((set, policy))
-}
-
-fn scenario(a: &DemoArgs) -> Faults {
-    if a.no_faults {
-        return Faults {
-            seed: Some(a.seed),
-            ..Faults::none()
-        };
-    }
-    Faults {
-        error_rate: 0.2,
-        rate_limit: Some(80.0),
-        retry_after: Some(Duration::from_secs(RETRY_AFTER_S)),
-        outage: Some(Outage::new(
-            Duration::from_secs(OUTAGE.0),
-            Duration::from_secs(OUTAGE.1),
-        )),
-        latency: Duration::from_millis(10),
-        timeout_after_commit: 0.05,
-        timeout_delay: Duration::from_secs(2),
-        seed: Some(a.seed),
-        ..Faults::none()
-    }
 }
 
 pub(crate) fn run(_global: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
