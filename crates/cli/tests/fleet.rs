@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use redrive_policy::BreakerState;
 use redrive_store::{JobState, NewJob, PgStore, Store};
 use serde_json::json;
 
@@ -192,12 +193,12 @@ fn two_processes_share_one_breaker_and_the_probe_limit() {
 
     let opened = events
         .iter()
-        .position(|e| e.from == "closed" && e.to == "open")
+        .position(|e| e.from == BreakerState::Closed && e.to == BreakerState::Open)
         .unwrap_or_else(|| panic!("the breaker never opened: {events:?}"));
     let open_at = events[opened].at;
     let half = events[opened..]
         .iter()
-        .position(|e| e.to == "half_open")
+        .position(|e| e.to == BreakerState::HalfOpen)
         .map(|i| opened + i)
         .expect("went half-open");
     let half_at = events[half].at;

@@ -106,8 +106,11 @@ impl std::fmt::Display for BreakerState {
     }
 }
 
-/// An operator's override.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// An operator's override (stored and shown as `normal`, `forced_open`, `forced_closed`).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum BreakerMode {
     /// The state machine decides.
     #[default]
@@ -116,6 +119,34 @@ pub enum BreakerMode {
     ForcedOpen,
     /// Always closed: every call goes through, until released.
     ForcedClosed,
+}
+
+impl BreakerMode {
+    /// The stored name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            BreakerMode::Normal => "normal",
+            BreakerMode::ForcedOpen => "forced_open",
+            BreakerMode::ForcedClosed => "forced_closed",
+        }
+    }
+
+    /// Parses a stored name.
+    ///
+    /// # Errors
+    /// [`PolicyError::InvalidField`] for an unknown name.
+    pub fn parse(s: &str) -> Result<Self, PolicyError> {
+        match s {
+            "normal" => Ok(BreakerMode::Normal),
+            "forced_open" => Ok(BreakerMode::ForcedOpen),
+            "forced_closed" => Ok(BreakerMode::ForcedClosed),
+            _ => Err(PolicyError::invalid(
+                "breaker mode",
+                format!("{s:?}"),
+                "one of normal, forced_open, forced_closed",
+            )),
+        }
+    }
 }
 
 /// The sliding window over which the failure rate is measured.
@@ -738,7 +769,7 @@ impl CircuitBreaker {
                     self.round_started_ms = now_ms;
                     self.permits_left = self.config.half_open_probes;
                     self.probe_successes = 0;
-                self.probe_failures = 0;
+                    self.probe_failures = 0;
                 }
                 if self.permits_left > 0 {
                     self.permits_left -= 1;
@@ -922,7 +953,7 @@ impl CircuitBreaker {
         self.open_until_ms = ms_of(now).saturating_add(cooldown.as_millis() as i64);
         self.permits_left = 0;
         self.probe_successes = 0;
-                self.probe_failures = 0;
+        self.probe_failures = 0;
         Transition {
             from,
             to: BreakerState::Open,
@@ -938,7 +969,7 @@ impl CircuitBreaker {
         self.round_started_ms = ms_of(now);
         self.permits_left = self.config.half_open_probes;
         self.probe_successes = 0;
-                self.probe_failures = 0;
+        self.probe_failures = 0;
         Transition {
             from,
             to: BreakerState::HalfOpen,

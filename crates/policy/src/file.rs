@@ -841,12 +841,27 @@ retry_budget_ratio = 0.5
         assert_eq!(other.rate.burst(), 3);
         assert_eq!(PolicySet::builtin().flow("x"), FlowConfig::default());
         for (toml, want) in [
-            ("[breaker.p]\nrate_limit = \"fast\"", "breaker.p.rate_limit = \"fast\""),
-            ("[breaker.p]\nrate_limit = \"10/d\"", "breaker.p.rate_limit = \"10/d\""),
+            (
+                "[breaker.p]\nrate_limit = \"fast\"",
+                "breaker.p.rate_limit = \"fast\"",
+            ),
+            (
+                "[breaker.p]\nrate_limit = \"10/d\"",
+                "breaker.p.rate_limit = \"10/d\"",
+            ),
             ("[breaker.p]\nrate_limit = 0", "breaker.p.rate_limit = 0/s"),
-            ("[breaker.p]\nrate_decrease = 1.5", "breaker.p.rate_decrease = 1.5"),
-            ("[breaker.p]\nmax_inflight = 0", "breaker.p.max_inflight = 0"),
-            ("[breaker.p]\nretry_budget_ratio = -1.0", "breaker.p.retry_budget_ratio = -1"),
+            (
+                "[breaker.p]\nrate_decrease = 1.5",
+                "breaker.p.rate_decrease = 1.5",
+            ),
+            (
+                "[breaker.p]\nmax_inflight = 0",
+                "breaker.p.max_inflight = 0",
+            ),
+            (
+                "[breaker.p]\nretry_budget_ratio = -1.0",
+                "breaker.p.retry_budget_ratio = -1",
+            ),
         ] {
             let e = err(toml);
             assert!(e.contains(want), "{e:?} should contain {want:?}");

@@ -233,7 +233,10 @@ impl RateConfig {
             return Err(PolicyError::invalid(
                 "rate_ceiling",
                 format!("{}/s", self.ceiling),
-                format!("at least rate_floor ({}/s) and at most 1000000/s", self.floor),
+                format!(
+                    "at least rate_floor ({}/s) and at most 1000000/s",
+                    self.floor
+                ),
             ));
         }
         if !(self.decrease > 0.0 && self.decrease < 1.0) {
@@ -299,7 +302,7 @@ impl FlowConfig {
 }
 
 /// The dependency's state shared by the fleet (one row in the store).
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize)]
 pub struct FlowRow {
     /// An operator's override of the breaker.
     pub mode: BreakerMode,
@@ -321,7 +324,9 @@ pub struct FlowRow {
     pub paused_until: Option<Timestamp>,
     /// Why it is paused.
     pub pause_reason: Option<PauseReason>,
-    /// The rate limit in force (requests per second); `None`: none.
+    /// The learned rate limit in force (requests per second); `None`: none learned (a
+    /// configured one applies, if any).
+    #[serde(rename = "rate_limit")]
     pub rate: Option<f64>,
     /// The limiter's theoretical arrival time (GCRA), microsecond precision.
     pub tat: Option<Timestamp>,
@@ -609,8 +614,7 @@ impl FlowConfig {
                 probe,
             } => {
                 if probe {
-                    transition =
-                        self.probe_answered(&mut next, CallResult::Ignored, now, rng);
+                    transition = self.probe_answered(&mut next, CallResult::Ignored, now, rng);
                 }
                 self.rate_limited(&mut next, pause_until, served_per_s, epoch_seen, now);
             }
@@ -656,9 +660,9 @@ impl FlowConfig {
                 .rate_cut_at
                 .is_none_or(|c| now >= add(c, CONGESTION_EPOCH));
             if calm {
-                let dt = row.rate_raised_at.map_or(0.0, |t| {
-                    ((us(now) - us(t)).max(0) as f64 / 1e6).min(1.0)
-                });
+                let dt = row
+                    .rate_raised_at
+                    .map_or(0.0, |t| ((us(now) - us(t)).max(0) as f64 / 1e6).min(1.0));
                 rate = (rate + cfg.increase * dt).min(max_rate);
                 row.rate_raised_at = Some(now);
                 if cfg.limit.is_none() && rate >= cfg.ceiling {
@@ -687,9 +691,7 @@ impl FlowConfig {
         let want = (rate * cfg.batch.as_secs_f64()).ceil().max(1.0) as i64;
         // Slot i is at a0 - tol + i·interval: keep the last within max_ahead.
         let fit = (now_us.saturating_add(ahead_us) - (a0 - tol_us)) / interval_us + 1;
-        let n = want
-            .min(fit)
-            .clamp(1, i64::from(MAX_SLOTS_PER_RESERVATION));
+        let n = want.min(fit).clamp(1, i64::from(MAX_SLOTS_PER_RESERVATION));
         row.tat = Some(ts_us(a0 + n * interval_us));
         Grant::Slots(Slots {
             base_us: a0 - tol_us,
@@ -848,7 +850,9 @@ impl FlowConfig {
         } else {
             0.0
         };
-        let in_epoch = row.rate_cut_at.is_some_and(|c| now < add(c, CONGESTION_EPOCH));
+        let in_epoch = row
+            .rate_cut_at
+            .is_some_and(|c| now < add(c, CONGESTION_EPOCH));
         if in_epoch {
             if epoch_seen.is_some() && epoch_seen == row.rate_cut_at {
                 return; // this process already reported to this epoch

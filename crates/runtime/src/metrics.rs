@@ -21,6 +21,9 @@ pub const BREAKER_TRANSITIONS_TOTAL: &str = "redrive_breaker_transitions_total";
 pub const JOBS: &str = "redrive_jobs";
 /// `redrive_job_duration_seconds{queue,kind}`: how long one attempt's handler ran.
 pub const JOB_DURATION_SECONDS: &str = "redrive_job_duration_seconds";
+/// `redrive_dependency_rate_limit{dependency}`: the rate limit in force toward a dependency,
+/// requests per second, configured or learned from 429s (0: none in force).
+pub const DEPENDENCY_RATE_LIMIT: &str = "redrive_dependency_rate_limit";
 /// `redrive_lease_lost_total`: claims whose lease was lost (nothing written).
 pub const LEASE_LOST_TOTAL: &str = "redrive_lease_lost_total";
 
@@ -51,6 +54,11 @@ pub(crate) fn breaker(dependency: &str, from: BreakerState, to: BreakerState) {
         "from" => from.as_str(), "to" => to.as_str())
     .increment(1);
     breaker_state(dependency, to);
+}
+
+pub(crate) fn rate_limit(dependency: &str, rps: Option<f64>) {
+    metrics::gauge!(DEPENDENCY_RATE_LIMIT, "dependency" => dependency.to_owned())
+        .set(rps.unwrap_or(0.0));
 }
 
 pub(crate) fn breaker_state(dependency: &str, state: BreakerState) {

@@ -623,10 +623,31 @@ impl Run {
         loop {
             // Is the dependency open or paused (fleet-wide)? Then defer: not an attempt.
             let mut probe = false;
+            let mut inflight_permit = None;
             if let (Some(dep), Some(_)) = (&job.dependency, &handler) {
                 let now = clock.now();
-                match self.w.fleet.admit(dep, now).await {
+                let retry = counters.attempts > 0;
+                let max_wait = policy.retry.in_process_max_wait;
+                match self.w.fleet.admit(dep, retry, max_wait, now).await {
                     Ok(Gate::Go { probe: p }) => probe = p,
+                    Ok(Gate::At { at }) => {
+                        // A send slot of the dependency's rate limit: wait for it, holding the
+                        // lease (at most in_process_max_wait).
+                        let wait = (at - now).to_std().unwrap_or_default();
+                        tokio::select! {
+                            biased;
+                            _ = lost.cancelled() => {
+                                lost_lease(&mut s);
+                                return Ok(s);
+                            }
+                            _ = self.stop.cancelled() => {
+                                return self
+                                    .end_unattempted(job, counters, Transition::Released, lost, s)
+                                    .await;
+                            }
+                            _ = tokio::time::sleep(wait) => {}
+                        }
+                    }
                     Ok(Gate::Blocked { until, reason }) => {
                         let action = policy.decide_blocked(&counters, until, reason, now, &mut rng);
                         let (transition, _) = plan(action, &serde_json::Value::Null);
@@ -643,6 +664,14 @@ impl Run {
                 }
             }
 
+            // The per-process cap on calls in flight to the dependency (bulkhead), if any.
+            if let Some(sem) = job
+                .dependency
+                .as_deref()
+                .and_then(|d| self.w.fleet.inflight(d))
+            {
+                inflight_permit = sem.acquire_owned().await.ok();
+            }
             let generation = auth.as_ref().map(|a| a.generation.load(Ordering::SeqCst));
             let started = clock.now();
             let t0 = tokio::time::Instant::now();
@@ -711,6 +740,7 @@ impl Run {
                 }
             }
             let took = t0.elapsed();
+            drop(inflight_permit);
             let class = attempted.outcome.class();
             span.record("class", class.as_str());
             s.attempts += 1;

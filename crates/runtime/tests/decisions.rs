@@ -323,7 +323,7 @@ async fn a_rate_limit_with_retry_after_45s_defers_instead_of_sleeping_and_pauses
         (Some(45_000), Some("defer"))
     );
     let dep = e.dependency("psp").await;
-    let ms = (dep.paused_until.unwrap() - t0).num_milliseconds();
+    let ms = (dep.flow.paused_until.unwrap() - t0).num_milliseconds();
     assert!((44_999..=45_050).contains(&ms), "{ms}");
 }
 
@@ -528,8 +528,8 @@ async fn an_open_breaker_defers_without_an_attempt_and_its_jobs_are_not_claimed(
     assert_eq!(s.attempts, 2, "{s:?}");
     assert_eq!(s.deferred, 1, "{s:?}");
     let dep = e.dependency("psp").await;
-    assert_eq!(dep.state, "open");
-    let until = dep.open_until.unwrap();
+    assert_eq!(dep.flow.state, BreakerState::Open);
+    let until = dep.flow.open_until.unwrap();
     let j = e.get(first).await;
     assert_eq!(
         (j.state, j.defer_reason.as_deref(), j.attempts),
@@ -557,7 +557,7 @@ async fn after_the_cool_down_one_probe_closes_the_breaker_for_everyone() {
     let u = redrive_store::BreakerUpdate {
         dependency: "psp".into(),
         expect: None,
-        state: "open".into(),
+        state: BreakerState::Open,
         open_until: Some(e.clock.now()),
         probe_permits: 0,
         reason: "test".into(),
@@ -576,7 +576,7 @@ async fn after_the_cool_down_one_probe_closes_the_breaker_for_everyone() {
         .unwrap();
     assert_eq!((s.succeeded, s.attempts), (3, 3));
     let dep = e.dependency("psp").await;
-    assert_eq!(dep.state, BreakerState::Closed.as_str());
+    assert_eq!(dep.flow.state, BreakerState::Closed);
     let ev: Vec<_> = e
         .events()
         .await

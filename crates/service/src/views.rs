@@ -328,8 +328,8 @@ impl From<DependencyEvent> for TransitionView {
     fn from(e: DependencyEvent) -> Self {
         Self {
             at: e.at,
-            from: e.from,
-            to: e.to,
+            from: e.from.as_str().to_owned(),
+            to: e.to.as_str().to_owned(),
             reason: e.reason,
         }
     }
@@ -350,8 +350,13 @@ pub struct BreakerView {
     pub probe_permits: u32,
     /// Paused (after a `Retry-After`) until then.
     pub paused_until: Option<DateTime<Utc>>,
-    /// Why it is paused.
+    /// Why it is paused (`retry_after`, `operator`).
     pub pause_reason: Option<String>,
+    /// The rate limit in force toward the dependency, requests per second (configured, or
+    /// learned from its 429s); none when absent.
+    pub rate_limit: Option<f64>,
+    /// An operator's override: `normal`, `forced_open` or `forced_closed`.
+    pub mode: String,
     /// Last change.
     pub updated_at: DateTime<Utc>,
     /// Recent transitions, newest first.
@@ -361,21 +366,27 @@ pub struct BreakerView {
 impl BreakerView {
     /// The view of `d` at `now` with its recent transitions.
     pub fn new(d: Dependency, now: Timestamp, transitions: Vec<TransitionView>) -> Self {
-        let next_probe_at = match d.state.as_str() {
-            "open" => Some(d.open_until.unwrap_or(now)),
-            "half_open" if d.probe_permits > 0 => Some(now),
+        use redrive_policy::BreakerState;
+        let f = d.flow;
+        let next_probe_at = match f.state {
+            BreakerState::Open => Some(f.open_until.unwrap_or(now)),
+            BreakerState::HalfOpen if f.probe_permits > 0 => Some(now),
             _ => None,
         };
+        let paused = f.paused_until.filter(|t| *t > now);
         Self {
             name: d.name,
-            state: d.state,
-            open_until: d.open_until,
+            state: f.state.as_str().to_owned(),
+            open_until: f.open_until,
             next_probe_at,
-            probe_permits: d.probe_permits,
-            paused_until: d.paused_until.filter(|t| *t > now),
-            pause_reason: d
+            probe_permits: f.probe_permits,
+            paused_until: paused,
+            pause_reason: f
                 .pause_reason
-                .filter(|_| d.paused_until.is_some_and(|t| t > now)),
+                .filter(|_| paused.is_some())
+                .map(|r| r.as_str().to_owned()),
+            rate_limit: f.rate,
+            mode: f.mode.as_str().to_owned(),
             updated_at: d.updated_at,
             recent_transitions: transitions,
         }

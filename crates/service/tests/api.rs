@@ -500,7 +500,7 @@ async fn stats_and_breakers_show_state_next_probe_and_transitions() {
             .set_breaker(&BreakerUpdate {
                 dependency: "psp.test".into(),
                 expect: None,
-                state: "open".into(),
+                state: redrive_policy::BreakerState::Open,
                 open_until: Some(open_until),
                 probe_permits: 0,
                 reason: "failure rate 80% over 20 calls".into(),
@@ -513,7 +513,7 @@ async fn stats_and_breakers_show_state_next_probe_and_transitions() {
         .pause(
             "other.test",
             now + chrono::Duration::seconds(60),
-            "retry-after 60s",
+            redrive_policy::PauseReason::RetryAfter,
             now,
         )
         .await
@@ -537,7 +537,7 @@ async fn stats_and_breakers_show_state_next_probe_and_transitions() {
     );
     let other = list.iter().find(|x| x["name"] == "other.test").unwrap();
     assert!(other["paused_until"].is_string(), "{other}");
-    assert_eq!(other["pause_reason"], "retry-after 60s");
+    assert_eq!(other["pause_reason"], "retry_after");
     assert_eq!(stats["breakers"].as_array().unwrap().len(), 2);
     h.cleanup().await;
 }

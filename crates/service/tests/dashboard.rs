@@ -336,7 +336,7 @@ async fn breakers_page_shows_state_next_probe_and_transitions() {
         .set_breaker(&redrive_store::BreakerUpdate {
             dependency: "psp.test".into(),
             expect: None,
-            state: "open".into(),
+            state: redrive_policy::BreakerState::Open,
             open_until: Some(now + chrono::Duration::seconds(45)),
             probe_permits: 0,
             reason: "failure rate 90%".into(),

@@ -45,9 +45,9 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Result, StoreError};
 pub use insights::{AttemptBucket, DeadGroup, DeadReasonCount, MAX_DEAD_SCAN, error_signature};
 pub use model::{
-    Attempt, BreakerUpdate, ClaimParams, Completion, Dependency, DependencyEvent, Enqueued, Job,
-    JobId, JobState, Lease, ListParams, MAX_BATCH, MAX_MAX_ATTEMPTS, MAX_NAME_LEN, NewAttempt,
-    NewJob, Page, QueueCount, Rescued, Selection, Transition, from_millis,
+    Attempt, BreakerUpdate, ClaimParams, Completion, Dependency, DependencyEvent, DependencyWrite,
+    Enqueued, Job, JobId, JobState, Lease, ListParams, MAX_BATCH, MAX_MAX_ATTEMPTS, MAX_NAME_LEN,
+    NewAttempt, NewJob, Page, QueueCount, Rescued, Selection, Transition, from_millis,
 };
 pub use postgres::PgStore;
 pub use redrive_policy::Timestamp;
@@ -240,9 +240,11 @@ impl Store {
         dispatch!(self, s => s.events_impl(dependency, limit).await)
     }
 
-    /// Takes one half-open probe permit; false when none is left.
-    pub async fn take_probe(&self, dependency: &str, now: Timestamp) -> Result<bool> {
-        dispatch!(self, s => s.take_probe_impl(dependency, now).await)
+    /// Writes a dependency's whole row if it is still at the version read (compare-and-set),
+    /// and records the breaker transition it makes. Returns the new version, or `None` when
+    /// another writer came first (read the row again and reapply the event).
+    pub async fn update_dependency(&self, w: &DependencyWrite) -> Result<Option<i64>> {
+        dispatch!(self, s => s.update_dependency_impl(w).await)
     }
 
     /// Pauses a dependency fleet-wide until `until` (never shortens a longer pause).
@@ -250,7 +252,7 @@ impl Store {
         &self,
         dependency: &str,
         until: Timestamp,
-        reason: &str,
+        reason: redrive_policy::PauseReason,
         now: Timestamp,
     ) -> Result<()> {
         dispatch!(self, s => s.pause_impl(dependency, until, reason, now).await)

@@ -4,7 +4,10 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use redrive_policy::{DeadReason, DeferReason, FailureClass, JobCounters, RetryMode, Timestamp};
+use redrive_policy::{
+    BreakerState, DeadReason, DeferReason, FailureClass, FlowRow, JobCounters, PauseReason,
+    RetryMode, Timestamp,
+};
 use serde::{Deserialize, Serialize};
 
 /// A job's id: increasing in enqueue order, used for keyset pagination.
@@ -543,21 +546,19 @@ pub struct Rescued {
     pub dead: bool,
 }
 
-/// A dependency's shared state (breaker and pause), seen by the whole fleet.
+/// A dependency's shared flow-control state (breaker, pause, rate limit), seen by the whole
+/// fleet. Every write bumps `version`; writers compare-and-set on it
+/// ([`Store::update_dependency`](crate::Store::update_dependency)).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Dependency {
     /// Name (usually the PSP's host).
     pub name: String,
-    /// Breaker state: `closed`, `open`, `half_open`.
-    pub state: String,
-    /// While open: when probes may start.
-    pub open_until: Option<Timestamp>,
-    /// Probe calls left in half-open.
-    pub probe_permits: u32,
-    /// Paused (e.g. after a `Retry-After`) until then.
-    pub paused_until: Option<Timestamp>,
-    /// Why it is paused.
-    pub pause_reason: Option<String>,
+    /// The state machine's row (`state`, `open_until`, `probe_permits`, `paused_until`,
+    /// `pause_reason`, `rate_limit`, …), flattened into the JSON.
+    #[serde(flatten)]
+    pub flow: FlowRow,
+    /// Bumped by every write.
+    pub version: i64,
     /// Last change.
     pub updated_at: Timestamp,
 }
@@ -572,22 +573,39 @@ pub struct DependencyEvent {
     /// When.
     pub at: Timestamp,
     /// From state.
-    pub from: String,
+    pub from: BreakerState,
     /// To state.
-    pub to: String,
+    pub to: BreakerState,
     /// Why.
     pub reason: String,
 }
 
-/// A breaker state to publish to the fleet.
+/// A new row for a dependency, written only if the stored one is still the one read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DependencyWrite {
+    /// Dependency.
+    pub dependency: String,
+    /// The version read (`None`: there was no row; the write then inserts it).
+    pub expect_version: Option<i64>,
+    /// The new row.
+    pub flow: FlowRow,
+    /// The breaker's transition to record in the history, if the write makes one: (from, to,
+    /// reason).
+    pub transition: Option<(BreakerState, BreakerState, String)>,
+    /// Now.
+    pub now: Timestamp,
+}
+
+/// A breaker state to publish to the fleet (an operator's or a test's write; workers use
+/// [`DependencyWrite`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct BreakerUpdate {
     /// Dependency.
     pub dependency: String,
     /// State before (the write applies only if the stored state still is this; `None`: any).
-    pub expect: Option<String>,
+    pub expect: Option<BreakerState>,
     /// New state.
-    pub state: String,
+    pub state: BreakerState,
     /// While open: when probes may start.
     pub open_until: Option<Timestamp>,
     /// Probe permits for half-open.
@@ -596,6 +614,11 @@ pub struct BreakerUpdate {
     pub reason: String,
     /// Now.
     pub now: Timestamp,
+}
+
+/// Why a pause was set, as stored.
+pub(crate) fn pause_reason_str(r: Option<PauseReason>) -> Option<&'static str> {
+    r.map(PauseReason::as_str)
 }
 
 pub(crate) fn millis(t: Timestamp) -> i64 {

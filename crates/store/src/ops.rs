@@ -412,36 +412,98 @@ macro_rules! shared_ops {
             ) -> crate::Result<bool> {
                 let mut tx = self.tx().await?;
                 let now = crate::model::millis(u.now);
-                let before: Option<String> = match &u.expect {
-                    Some(e) => Some(e.clone()),
-                    None => self.dependency_impl(&u.dependency).await?.map(|d| d.state),
+                let before = match u.expect {
+                    Some(e) => Some(e),
+                    None => self
+                        .dependency_impl(&u.dependency)
+                        .await?
+                        .map(|d| d.flow.state),
                 };
                 let applied: Option<String> =
                     sqlx::query_scalar(sqlx::AssertSqlSafe(self.sql.upsert_breaker.clone()))
                         .bind(&u.dependency)
-                        .bind(&u.state)
+                        .bind(u.state.as_str())
                         .bind(u.open_until.map(crate::model::millis))
                         .bind(i64::from(u.probe_permits))
                         .bind(now)
-                        .bind(u.expect.as_deref())
+                        .bind(u.expect.map(|e| e.as_str()))
                         .fetch_optional(&mut *tx)
                         .await?;
-                let from = before.unwrap_or_else(|| "closed".into());
+                let from = before.unwrap_or_default();
                 if applied.is_some() && from != u.state {
                     sqlx::query(sqlx::AssertSqlSafe(self.sql.insert_event.clone()))
                         .bind(&u.dependency)
                         .bind(now)
-                        .bind(&from)
-                        .bind(&u.state)
+                        .bind(from.as_str())
+                        .bind(u.state.as_str())
                         .bind(&u.reason)
                         .execute(&mut *tx)
                         .await?;
                 }
                 tx.commit().await?;
-                if applied.is_some() && u.state != "open" {
+                if applied.is_some() && u.state != redrive_policy::BreakerState::Open {
                     self.wake();
                 }
                 Ok(applied.is_some())
+            }
+
+            pub(crate) async fn update_dependency_impl(
+                &self,
+                w: &crate::DependencyWrite,
+            ) -> crate::Result<Option<i64>> {
+                use crate::model::millis;
+                let f = &w.flow;
+                let now = millis(w.now);
+                let sql = match w.expect_version {
+                    None => self.sql.insert_dep.clone(),
+                    Some(_) => self.sql.update_dep.clone(),
+                };
+                let mut tx = self.tx().await?;
+                let q = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                    .bind(&w.dependency)
+                    .bind(f.state.as_str())
+                    .bind(f.open_until.map(millis))
+                    .bind(i64::from(f.probe_permits))
+                    .bind(f.paused_until.map(millis))
+                    .bind(crate::model::pause_reason_str(f.pause_reason))
+                    .bind(now)
+                    .bind(f.mode.as_str())
+                    .bind(i64::from(f.openings))
+                    .bind(i64::from(f.probe_successes))
+                    .bind(i64::from(f.probe_failures))
+                    .bind(f.round_started.map(millis))
+                    .bind(f.rate)
+                    .bind(f.tat.map(|t| t.timestamp_micros()))
+                    .bind(f.rate_cut_at.map(millis))
+                    .bind(f.rate_cap)
+                    .bind(f.rate_raised_at.map(millis));
+                // The insert takes no version: the row must not exist yet.
+                let q = match w.expect_version {
+                    Some(v) => q.bind(v),
+                    None => q,
+                };
+                let version: Option<i64> = q.fetch_optional(&mut *tx).await?;
+                if version.is_some()
+                    && let Some((from, to, reason)) = &w.transition
+                {
+                    sqlx::query(sqlx::AssertSqlSafe(self.sql.insert_event.clone()))
+                        .bind(&w.dependency)
+                        .bind(now)
+                        .bind(from.as_str())
+                        .bind(to.as_str())
+                        .bind(reason)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await?;
+                if version.is_some()
+                    && w.transition
+                        .as_ref()
+                        .is_some_and(|(_, to, _)| *to != redrive_policy::BreakerState::Open)
+                {
+                    self.wake();
+                }
+                Ok(version)
             }
 
             pub(crate) async fn events_impl(
@@ -458,31 +520,17 @@ macro_rules! shared_ops {
                 Ok(rows.into_iter().map(|r| r.into_event()).collect())
             }
 
-            pub(crate) async fn take_probe_impl(
-                &self,
-                dependency: &str,
-                now: redrive_policy::Timestamp,
-            ) -> crate::Result<bool> {
-                let left: Option<i64> =
-                    sqlx::query_scalar(sqlx::AssertSqlSafe(self.sql.take_probe.clone()))
-                        .bind(dependency)
-                        .bind(crate::model::millis(now))
-                        .fetch_optional(&self.pool)
-                        .await?;
-                Ok(left.is_some())
-            }
-
             pub(crate) async fn pause_impl(
                 &self,
                 dependency: &str,
                 until: redrive_policy::Timestamp,
-                reason: &str,
+                reason: redrive_policy::PauseReason,
                 now: redrive_policy::Timestamp,
             ) -> crate::Result<()> {
                 sqlx::query(sqlx::AssertSqlSafe(self.sql.pause.clone()))
                     .bind(dependency)
                     .bind(crate::model::millis(until))
-                    .bind(reason)
+                    .bind(reason.as_str())
                     .bind(crate::model::millis(now))
                     .execute(&self.pool)
                     .await?;

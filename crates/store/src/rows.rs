@@ -1,5 +1,7 @@
 //! Rows as the database returns them, and their conversion to the public model.
 
+use redrive_policy::{BreakerMode, BreakerState, FlowRow, PauseReason};
+
 use crate::model::{Attempt, Dependency, DependencyEvent, Job, JobState, from_millis};
 use crate::{Result, StoreError};
 
@@ -163,8 +165,9 @@ impl AttemptRow {
     }
 }
 
-pub(crate) const DEP_COLS: &str =
-    "name, state, open_until, probe_permits, paused_until, pause_reason, updated_at";
+pub(crate) const DEP_COLS: &str = "name, state, open_until, probe_permits, paused_until, \
+    pause_reason, updated_at, version, mode, openings, probe_successes, probe_failures, \
+    round_started, rate_rps, tat_us, rate_cut_at, rate_cap, rate_raised_at";
 
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct DepRow {
@@ -175,17 +178,55 @@ pub(crate) struct DepRow {
     paused_until: Option<i64>,
     pause_reason: Option<String>,
     updated_at: i64,
+    version: i64,
+    mode: String,
+    openings: i64,
+    probe_successes: i64,
+    probe_failures: i64,
+    round_started: Option<i64>,
+    rate_rps: Option<f64>,
+    tat_us: Option<i64>,
+    rate_cut_at: Option<i64>,
+    rate_cap: Option<f64>,
+    rate_raised_at: Option<i64>,
+}
+
+fn bad(field: &'static str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt {
+        what: field,
+        detail: e.to_string(),
+    }
 }
 
 impl DepRow {
     pub(crate) fn into_dep(self) -> Result<Dependency> {
+        let flow = FlowRow {
+            mode: BreakerMode::parse(&self.mode).map_err(|e| bad("mode", e))?,
+            state: BreakerState::parse(&self.state).map_err(|e| bad("state", e))?,
+            open_until: self.open_until.map(from_millis),
+            openings: u32_of("openings", self.openings.max(0))?,
+            probe_permits: u32_of("probe_permits", self.probe_permits.max(0))?,
+            probe_successes: u32_of("probe_successes", self.probe_successes.max(0))?,
+            probe_failures: u32_of("probe_failures", self.probe_failures.max(0))?,
+            round_started: self.round_started.map(from_millis),
+            paused_until: self.paused_until.map(from_millis),
+            pause_reason: self
+                .pause_reason
+                .map(|r| r.parse::<PauseReason>())
+                .transpose()
+                .map_err(|e| bad("pause_reason", e))?,
+            rate: self.rate_rps,
+            tat: self
+                .tat_us
+                .and_then(chrono::DateTime::from_timestamp_micros),
+            rate_cut_at: self.rate_cut_at.map(from_millis),
+            rate_cap: self.rate_cap,
+            rate_raised_at: self.rate_raised_at.map(from_millis),
+        };
         Ok(Dependency {
             name: self.name,
-            state: self.state,
-            open_until: self.open_until.map(from_millis),
-            probe_permits: u32_of("probe_permits", self.probe_permits.max(0))?,
-            paused_until: self.paused_until.map(from_millis),
-            pause_reason: self.pause_reason,
+            flow,
+            version: self.version,
             updated_at: from_millis(self.updated_at),
         })
     }
@@ -207,8 +248,8 @@ impl EventRow {
             id: self.id,
             dependency: self.dependency,
             at: from_millis(self.at),
-            from: self.from_state,
-            to: self.to_state,
+            from: BreakerState::parse(&self.from_state).unwrap_or_default(),
+            to: BreakerState::parse(&self.to_state).unwrap_or_default(),
             reason: self.reason,
         }
     }

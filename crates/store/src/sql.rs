@@ -43,7 +43,8 @@ pub(crate) struct Sql {
     pub(crate) upsert_breaker: Arc<str>,
     pub(crate) insert_event: Arc<str>,
     pub(crate) events: Arc<str>,
-    pub(crate) take_probe: Arc<str>,
+    pub(crate) insert_dep: Arc<str>,
+    pub(crate) update_dep: Arc<str>,
     pub(crate) pause: Arc<str>,
     pub(crate) unpause: Arc<str>,
 }
@@ -190,10 +191,11 @@ impl Sql {
             get_dep: fill(format!("SELECT {DEP_COLS} FROM redrive_dependencies WHERE name = $1")),
             list_deps: fill(format!("SELECT {DEP_COLS} FROM redrive_dependencies ORDER BY name")),
             upsert_breaker: fill(
-                "INSERT INTO redrive_dependencies (name, state, open_until, probe_permits, updated_at) \
-                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO UPDATE SET state = excluded.state, \
+                "INSERT INTO redrive_dependencies (name, state, open_until, probe_permits, updated_at, \
+                 version) VALUES ($1, $2, $3, $4, $5, 1) ON CONFLICT (name) DO UPDATE SET state = excluded.state, \
                  open_until = excluded.open_until, probe_permits = excluded.probe_permits, \
-                 updated_at = excluded.updated_at \
+                 probe_successes = 0, probe_failures = 0, round_started = excluded.updated_at, \
+                 updated_at = excluded.updated_at, version = redrive_dependencies.version + 1 \
                  WHERE $6 IS NULL OR redrive_dependencies.state = $6 RETURNING name"
                     .into(),
             ),
@@ -207,21 +209,31 @@ impl Sql {
                  WHERE ($1 IS NULL OR dependency = $1) ORDER BY id DESC LIMIT $2"
                     .into(),
             ),
-            take_probe: fill(
-                "UPDATE redrive_dependencies SET probe_permits = probe_permits - 1, updated_at = $2 \
-                 WHERE name = $1 AND state = 'half_open' AND probe_permits > 0 RETURNING probe_permits"
+            insert_dep: fill(format!(
+                "INSERT INTO redrive_dependencies ({DEP_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, \
+                 1, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
+                 ON CONFLICT (name) DO NOTHING RETURNING version"
+            )),
+            update_dep: fill(
+                "UPDATE redrive_dependencies SET state = $2, open_until = $3, probe_permits = $4, \
+                 paused_until = $5, pause_reason = $6, updated_at = $7, version = version + 1, \
+                 mode = $8, openings = $9, probe_successes = $10, probe_failures = $11, \
+                 round_started = $12, rate_rps = $13, tat_us = $14, rate_cut_at = $15, \
+                 rate_cap = $16, rate_raised_at = $17 \
+                 WHERE name = $1 AND version = $18 RETURNING version"
                     .into(),
             ),
             pause: fill(
-                "INSERT INTO redrive_dependencies (name, paused_until, pause_reason, updated_at) \
-                 VALUES ($1, $2, $3, $4) ON CONFLICT (name) DO UPDATE SET \
+                "INSERT INTO redrive_dependencies (name, paused_until, pause_reason, updated_at, version) \
+                 VALUES ($1, $2, $3, $4, 1) ON CONFLICT (name) DO UPDATE SET \
                  paused_until = GREATEST(COALESCE(redrive_dependencies.paused_until, 0), excluded.paused_until), \
-                 pause_reason = excluded.pause_reason, updated_at = excluded.updated_at"
+                 pause_reason = excluded.pause_reason, updated_at = excluded.updated_at, \
+                 version = redrive_dependencies.version + 1"
                     .into(),
             ),
             unpause: fill(
-                "UPDATE redrive_dependencies SET paused_until = NULL, pause_reason = NULL, updated_at = $2 \
-                 WHERE name = $1"
+                "UPDATE redrive_dependencies SET paused_until = NULL, pause_reason = NULL, updated_at = $2, \
+                 version = version + 1 WHERE name = $1"
                     .into(),
             ),
         }

@@ -8,7 +8,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use chrono::Utc;
-use redrive_policy::{DeadReason, DeferReason, FailureClass, JobCounters};
+use redrive_policy::{
+    BreakerMode, BreakerState, DeadReason, DeferReason, FailureClass, FlowRow, JobCounters,
+    PauseReason,
+};
 use redrive_store::*;
 use serde_json::json;
 
@@ -167,6 +170,7 @@ conformance!(
     pagination_is_stable_under_concurrent_inserts,
     paused_or_open_dependency_is_not_claimed,
     half_open_probe_permits,
+    dependency_row_compare_and_set,
     breaker_compare_and_set_and_events,
     cancel_revokes_a_running_lease,
     counts_next_due_and_prune,
@@ -806,17 +810,17 @@ mod cases {
             .unwrap()
             .job
             .id;
-        s.pause("psp-a", ms(T0 + 10_000), "retry_after", now)
+        s.pause("psp-a", ms(T0 + 10_000), PauseReason::RetryAfter, now)
             .await
             .unwrap();
         // A shorter pause never shortens a longer one.
-        s.pause("psp-a", ms(T0 + 5_000), "retry_after", now)
+        s.pause("psp-a", ms(T0 + 5_000), PauseReason::RetryAfter, now)
             .await
             .unwrap();
         s.set_breaker(&BreakerUpdate {
             dependency: "psp-b".into(),
             expect: None,
-            state: "open".into(),
+            state: BreakerState::Open,
             open_until: Some(ms(T0 + 20_000)),
             probe_permits: 0,
             reason: "failure rate 0.8".into(),
@@ -837,7 +841,8 @@ mod cases {
             Some(ms(T0 + 10_000))
         );
         let dep = s.dependency("psp-a").await.unwrap().unwrap();
-        assert_eq!(dep.paused_until, Some(ms(T0 + 10_000)));
+        assert_eq!(dep.flow.paused_until, Some(ms(T0 + 10_000)));
+        assert_eq!(dep.flow.pause_reason, Some(PauseReason::RetryAfter));
         assert!(
             s.claim(&claim_params("q", 10, ms(T0 + 9_999)))
                 .await
@@ -863,7 +868,12 @@ mod cases {
         assert_eq!(got, [other]);
         s.unpause("psp-a", now).await.unwrap();
         assert_eq!(
-            s.dependency("psp-a").await.unwrap().unwrap().paused_until,
+            s.dependency("psp-a")
+                .await
+                .unwrap()
+                .unwrap()
+                .flow
+                .paused_until,
             None
         );
     }
@@ -873,54 +883,147 @@ mod cases {
         for _ in 0..3 {
             s.enqueue(&job("q").dependency("psp"), now).await.unwrap();
         }
-        s.set_breaker(&BreakerUpdate {
-            dependency: "psp".into(),
-            expect: None,
-            state: "half_open".into(),
-            open_until: None,
-            probe_permits: 2,
-            reason: "cooldown over".into(),
-            now,
-        })
-        .await
-        .unwrap();
-        assert!(s.take_probe("psp", now).await.unwrap());
-        assert!(s.take_probe("psp", now).await.unwrap());
-        assert!(!s.take_probe("psp", now).await.unwrap(), "two permits only");
+        let row = FlowRow {
+            state: BreakerState::HalfOpen,
+            probe_permits: 0,
+            round_started: Some(now),
+            ..FlowRow::default()
+        };
+        let v = s
+            .update_dependency(&DependencyWrite {
+                dependency: "psp".into(),
+                expect_version: None,
+                flow: row,
+                transition: Some((
+                    BreakerState::Open,
+                    BreakerState::HalfOpen,
+                    "cool-down elapsed".into(),
+                )),
+                now,
+            })
+            .await
+            .unwrap();
+        assert_eq!(v, Some(1));
         assert!(
             s.claim(&claim_params("q", 10, now))
                 .await
                 .unwrap()
                 .is_empty(),
-            "no permits: nothing claimed"
+            "half-open with no permit left: nothing claimed"
         );
-        assert!(!s.take_probe("nobody", now).await.unwrap());
+    }
+
+    /// The whole flow row round-trips, writes are compare-and-set on the version, and every
+    /// other writer (pause, unpause, set_breaker) bumps the version too.
+    pub(super) async fn dependency_row_compare_and_set(s: &Store) {
+        let now = ms(T0);
+        let flow = FlowRow {
+            mode: BreakerMode::Normal,
+            state: BreakerState::Open,
+            open_until: Some(ms(T0 + 1_500)),
+            openings: 3,
+            probe_permits: 2,
+            probe_successes: 1,
+            probe_failures: 1,
+            round_started: Some(ms(T0 + 7)),
+            paused_until: Some(ms(T0 + 900)),
+            pause_reason: Some(PauseReason::RetryAfter),
+            rate: Some(72.5),
+            tat: Some(now + chrono::Duration::microseconds(12_345)),
+            rate_cut_at: Some(ms(T0 + 3)),
+            rate_cap: Some(80.25),
+            rate_raised_at: Some(ms(T0 + 4)),
+        };
+        let write = |expect: Option<i64>, flow: FlowRow, t: bool| DependencyWrite {
+            dependency: "psp".into(),
+            expect_version: expect,
+            flow,
+            transition: t.then(|| {
+                (
+                    BreakerState::Closed,
+                    BreakerState::Open,
+                    "failure rate 60% over 20 calls".into(),
+                )
+            }),
+            now,
+        };
+        assert!(s.dependency("psp").await.unwrap().is_none());
+        assert_eq!(
+            s.update_dependency(&write(None, flow.clone(), true))
+                .await
+                .unwrap(),
+            Some(1)
+        );
+        // A second process that also saw no row loses the insert.
+        assert_eq!(
+            s.update_dependency(&write(None, flow.clone(), true))
+                .await
+                .unwrap(),
+            None
+        );
+        let d = s.dependency("psp").await.unwrap().unwrap();
+        assert_eq!((d.version, &d.flow), (1, &flow));
+        let mut next = flow.clone();
+        next.mode = BreakerMode::ForcedOpen;
+        next.rate = None;
+        next.tat = None;
+        assert_eq!(
+            s.update_dependency(&write(Some(1), next.clone(), false))
+                .await
+                .unwrap(),
+            Some(2)
+        );
+        // A stale version is refused and changes nothing.
+        assert_eq!(
+            s.update_dependency(&write(Some(1), flow.clone(), false))
+                .await
+                .unwrap(),
+            None
+        );
+        let d = s.dependency("psp").await.unwrap().unwrap();
+        assert_eq!((d.version, &d.flow), (2, &next));
+        // Other writers bump the version, so a read-apply-write that raced them is refused.
+        s.pause("psp", ms(T0 + 60_000), PauseReason::Operator, now)
+            .await
+            .unwrap();
+        assert_eq!(
+            s.update_dependency(&write(Some(2), flow.clone(), false))
+                .await
+                .unwrap(),
+            None
+        );
+        let d = s.dependency("psp").await.unwrap().unwrap();
+        assert_eq!(d.version, 3);
+        assert_eq!(d.flow.pause_reason, Some(PauseReason::Operator));
+        s.unpause("psp", now).await.unwrap();
+        assert_eq!(s.dependency("psp").await.unwrap().unwrap().version, 4);
+        // One transition recorded, by the write that made it.
+        let ev = s.dependency_events(Some("psp"), 10).await.unwrap();
+        assert_eq!(ev.len(), 1);
+        assert_eq!(
+            (ev[0].from, ev[0].to),
+            (BreakerState::Closed, BreakerState::Open)
+        );
+        assert_eq!(ev[0].reason, "failure rate 60% over 20 calls");
     }
 
     pub(super) async fn breaker_compare_and_set_and_events(s: &Store) {
         let now = ms(T0);
-        let open = |expect: Option<&str>, state: &str| BreakerUpdate {
+        use BreakerState::{Closed, HalfOpen, Open};
+        let open = |expect: Option<BreakerState>, state: BreakerState| BreakerUpdate {
             dependency: "psp".into(),
-            expect: expect.map(String::from),
-            state: state.into(),
+            expect,
+            state,
             open_until: Some(ms(T0 + 10_000)),
             probe_permits: 0,
             reason: "test".into(),
             now,
         };
-        assert!(s.set_breaker(&open(Some("closed"), "open")).await.unwrap());
+        assert!(s.set_breaker(&open(Some(Closed), Open)).await.unwrap());
         // A second worker seeing the same failure does not record a second transition.
-        assert!(!s.set_breaker(&open(Some("closed"), "open")).await.unwrap());
-        assert!(
-            s.set_breaker(&open(Some("open"), "half_open"))
-                .await
-                .unwrap()
-        );
-        assert!(
-            s.set_breaker(&open(Some("half_open"), "closed"))
-                .await
-                .unwrap()
-        );
+        assert!(!s.set_breaker(&open(Some(Closed), Open)).await.unwrap());
+        assert!(s.set_breaker(&open(Some(Open), HalfOpen)).await.unwrap());
+        assert!(s.set_breaker(&open(Some(HalfOpen), Closed)).await.unwrap());
         let ev = s.dependency_events(Some("psp"), 10).await.unwrap();
         let pairs: Vec<_> = ev
             .iter()
@@ -936,7 +1039,8 @@ mod cases {
         );
         let deps = s.dependencies().await.unwrap();
         assert_eq!(deps.len(), 1);
-        assert_eq!(deps[0].state, "closed");
+        assert_eq!(deps[0].flow.state, Closed);
+        assert_eq!(deps[0].version, 3);
     }
 
     pub(super) async fn cancel_revokes_a_running_lease(s: &Store) {

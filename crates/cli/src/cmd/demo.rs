@@ -15,6 +15,7 @@ use anyhow::Context;
 use chrono::Utc;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use redrive_http::HttpJob;
+use redrive_policy::BreakerState;
 use redrive_psp_sim::{Faults, PspSim};
 use redrive_runtime::Worker;
 use redrive_sim::LoadChart;
@@ -172,25 +173,31 @@ pub(crate) fn run(_global: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
             let dep = store.dependency(DEPENDENCY).await?;
             let stats = sim.stats();
             let breaker = match &dep {
-                Some(d) if d.state == "open" => {
+                Some(d) if d.flow.state == BreakerState::Open => {
                     let left = d
+                        .flow
                         .open_until
                         .map(|u| (u - Utc::now()).num_milliseconds().max(0) as f64 / 1e3)
                         .unwrap_or(0.0);
                     format!("OPEN (probe in {left:.1}s)")
                 }
-                Some(d) if d.state == "half_open" => {
-                    format!("half-open ({} probes left)", d.probe_permits)
+                Some(d) if d.flow.state == BreakerState::HalfOpen => {
+                    format!("half-open ({} probes left)", d.flow.probe_permits)
                 }
                 _ => "closed".into(),
             };
             let paused = dep
-                .and_then(|d| d.paused_until)
+                .as_ref()
+                .and_then(|d| d.flow.paused_until)
                 .filter(|p| *p > Utc::now())
                 .map(|_| ", paused (Retry-After)")
                 .unwrap_or("");
+            let rate = dep
+                .and_then(|d| d.flow.rate)
+                .map(|r| format!(", rate {r:.0}/s"))
+                .unwrap_or_default();
             bar.set_message(format!(
-                "breaker {breaker}{paused} | PSP {} requests, {} charges",
+                "breaker {breaker}{paused}{rate} | PSP {} requests, {} charges",
                 stats.requests_total, stats.charges
             ));
             if done >= n {
@@ -313,8 +320,8 @@ async fn report(
         .iter()
         .map(|e| Transition {
             t_s: secs(e.at),
-            from: e.from.clone(),
-            to: e.to.clone(),
+            from: e.from.as_str().to_owned(),
+            to: e.to.as_str().to_owned(),
             reason: e.reason.clone(),
         })
         .collect();

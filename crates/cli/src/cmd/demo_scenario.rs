@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use redrive_policy::{BreakerConfig, FlowConfig, Jitter, PolicySet, RateConfig, RetryPolicy, Window};
+use redrive_policy::{
+    BreakerConfig, FlowConfig, Jitter, PolicySet, RateConfig, RetryPolicy, Window,
+};
 use redrive_psp_sim::{Faults, Outage};
 
 use crate::args::DemoArgs;
@@ -89,4 +91,3 @@ pub(crate) fn scenario(a: &DemoArgs) -> Faults {
         ..Faults::none()
     }
 }
-

@@ -420,30 +420,38 @@ pub(crate) fn stats(global: &Global, a: JsonArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn print_breakers(deps: &[redrive_store::Dependency]) {
+    use redrive_policy::{BreakerMode, BreakerState};
     let now = chrono::Utc::now();
     println!(
-        "{:<24} {:<10} {:<24} PAUSED",
-        "DEPENDENCY", "BREAKER", "NEXT PROBE"
+        "{:<24} {:<10} {:<24} {:<12} PAUSED",
+        "DEPENDENCY", "BREAKER", "NEXT PROBE", "RATE LIMIT"
     );
     for d in deps {
-        let probe = match (d.state.as_str(), d.open_until) {
-            ("open", Some(t)) if t > now => format!("in {}s", (t - now).num_seconds()),
-            ("half_open", _) => format!("{} probe(s) left", d.probe_permits),
+        let f = &d.flow;
+        let probe = match (f.state, f.open_until) {
+            (BreakerState::Open, Some(t)) if t > now => format!("in {}s", (t - now).num_seconds()),
+            (BreakerState::HalfOpen, _) => format!("{} probe(s) left", f.probe_permits),
             _ => "-".into(),
         };
-        let paused = match d.paused_until {
+        let paused = match f.paused_until {
             Some(t) if t > now => format!(
                 "{}s ({})",
                 (t - now).num_seconds(),
-                d.pause_reason.as_deref().unwrap_or("")
+                f.pause_reason.map_or("", |r| r.as_str())
             ),
             _ => "-".into(),
         };
+        let rate = f.rate.map_or_else(|| "-".into(), |r| format!("{r:.1}/s"));
+        let state = match f.mode {
+            BreakerMode::Normal => f.state.as_str(),
+            m => m.as_str(),
+        };
         println!(
-            "{:<24} {:<10} {:<24} {paused}",
+            "{:<24} {:<10} {:<24} {:<12} {paused}",
             truncate(&d.name, 24),
-            d.state,
-            probe
+            state,
+            probe,
+            rate
         );
     }
     if deps.is_empty() {

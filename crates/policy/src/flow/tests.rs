@@ -159,7 +159,10 @@ fn three_failed_probes_of_five_reopen_with_a_longer_cool_down() {
     assert_eq!(row.openings, 2);
     assert_eq!(row.open_until, Some(at_ms(1100 + 2000)));
     let last = ts.last().unwrap();
-    assert_eq!((last.from, last.to), (BreakerState::HalfOpen, BreakerState::Open));
+    assert_eq!(
+        (last.from, last.to),
+        (BreakerState::HalfOpen, BreakerState::Open)
+    );
     // A late answer of the judged round changes nothing.
     let late = c.apply(
         &row,
@@ -272,8 +275,14 @@ fn a_fixed_limit_hands_out_slots_at_the_rate() {
     };
     assert_eq!(slots.count(), 8);
     assert_eq!(slots.at(0), t0());
-    assert_eq!(slots.at(7), t0() + chrono::Duration::microseconds(7 * 12_500));
-    assert_eq!(s.row.tat, Some(t0() + chrono::Duration::microseconds(8 * 12_500)));
+    assert_eq!(
+        slots.at(7),
+        t0() + chrono::Duration::microseconds(7 * 12_500)
+    );
+    assert_eq!(
+        s.row.tat,
+        Some(t0() + chrono::Duration::microseconds(8 * 12_500))
+    );
     // The next reservation continues where this one ended.
     let s2 = c.apply(
         &s.row,
@@ -284,7 +293,10 @@ fn a_fixed_limit_hands_out_slots_at_the_rate() {
     let Grant::Slots(next) = s2.grant else {
         panic!()
     };
-    assert_eq!(next.at(0), t0() + chrono::Duration::microseconds(8 * 12_500));
+    assert_eq!(
+        next.at(0),
+        t0() + chrono::Duration::microseconds(8 * 12_500)
+    );
 }
 
 #[test]
@@ -484,13 +496,19 @@ fn bad_rate_settings_are_named() {
     assert!(e.contains("rate_limit"), "{e}");
     for (c, field) in [
         (RateConfig::adaptive().with_decrease(1.0), "rate_decrease"),
-        (RateConfig::adaptive().with_bounds(10.0, 5.0), "rate_ceiling"),
+        (
+            RateConfig::adaptive().with_bounds(10.0, 5.0),
+            "rate_ceiling",
+        ),
         (RateConfig::adaptive().with_bounds(0.0, 5.0), "rate_floor"),
         (
             RateConfig::adaptive().with_batch(Duration::from_secs(2)),
             "rate_batch",
         ),
-        (RateConfig::adaptive().with_increase(f64::NAN), "rate_increase"),
+        (
+            RateConfig::adaptive().with_increase(f64::NAN),
+            "rate_increase",
+        ),
     ] {
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains(field), "{e} should name {field}");
