@@ -281,3 +281,115 @@ fn bench_on_postgres_enqueues_from_four_producers_by_default() {
     assert_eq!(r["runs"][0]["jobs"], 301);
     assert_eq!(r["scheduled_pickup_samples"], 200);
 }
+
+/// Three `redrive work` processes on one PostgreSQL queue against the PSP simulator at 50
+/// requests/s with `Retry-After: 1`, 10% 5xx and a 5 s outage (issue 15's fleet scenario):
+/// the fleet learns the limit and keeps to it after the outage, few 429s, and every charge is
+/// made exactly once (the simulator's own dedupe off: only the idempotency layer protects it).
+/// Generous bounds: exact figures belong to the benchmark (docs/benchmarks.md).
+#[test]
+fn three_processes_keep_to_the_psps_rate_limit_through_an_outage() {
+    use redrive_psp_sim::{Faults, Outage, PspSim};
+    const LIMIT: f64 = 50.0;
+    const N: usize = 500;
+    let Some((pg, db)) = schema() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let policies = dir.path().join("p.toml");
+    std::fs::write(
+        &policies,
+        r#"
+[policy.fleet]
+extends = "payment"
+[policy.fleet.retry]
+max_attempts = 25
+window = "5m"
+
+[breaker.psp]
+window_calls = 40
+minimum_calls = 20
+failure_rate = 0.5
+open_cooldown = "1s"
+cooldown_multiplier = 1.5
+cooldown_max = "2s"
+"#,
+    )
+    .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let sim = rt
+        .block_on(
+            PspSim::builder()
+                .faults(Faults {
+                    error_rate: 0.1,
+                    rate_limit: Some(LIMIT),
+                    retry_after: Some(Duration::from_secs(1)),
+                    outage: Some(Outage::new(Duration::from_secs(4), Duration::from_secs(5))),
+                    seed: Some(7),
+                    ..Faults::none()
+                })
+                .ledger_dedupe(false)
+                .with_idempotency_layer()
+                .start("127.0.0.1:0"),
+        )
+        .unwrap();
+    let url = format!("{}/v1/charges", sim.url());
+    let jobs: Vec<NewJob> = (0..N)
+        .map(|i| {
+            NewJob::new(
+                "pay",
+                "http",
+                json!({"method": "POST", "url": url,
+                       "body": {"amount": 100 + i, "currency": "EUR"}, "timeout_ms": 2000}),
+            )
+            .key(format!("order-{i}"))
+            .dependency("psp")
+            .policy("fleet")
+        })
+        .collect();
+    block(Store::Postgres(pg.clone()).enqueue_many(&jobs, Utc::now())).unwrap();
+    sim.reset();
+    let workers: Vec<Child> = (0..3)
+        .map(|_| {
+            Command::new(env!("CARGO_BIN_EXE_redrive"))
+                .args(["--db", &db, "--policies"])
+                .arg(&policies)
+                .args(["work", "--queue", "pay", "--concurrency", "8"])
+                .args(["--shutdown-grace", "1s"])
+                .env_remove("REDRIVE_DATABASE_URL")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let t = Instant::now();
+    all_succeeded(&pg, N as u64, Duration::from_secs(120));
+    let took = t.elapsed();
+    stop(workers);
+    let stats = sim.stats();
+    block(pg.drop_schema()).unwrap();
+
+    let total = stats.requests_total;
+    let limited = stats.requests_by_status.get(&429).copied().unwrap_or(0);
+    // Requests per 100 ms after the first 10 s (the start's burst and the outage are before).
+    let peak = stats
+        .timeline
+        .iter()
+        .filter(|b| b.t_ms >= 10_000)
+        .map(|b| b.requests)
+        .max()
+        .expect("the run lasted past 10 s");
+    let share = limited as f64 / total as f64;
+    let report = format!(
+        "{took:?}, {total} requests, {limited} answered 429 ({:.1}%), peak {peak}/100 ms after 10 s \
+         (limit {}/100 ms); statuses {:?}",
+        share * 100.0,
+        LIMIT / 10.0,
+        stats.requests_by_status
+    );
+    assert!(peak as f64 <= 4.0 * LIMIT / 10.0, "peak too high: {report}");
+    assert!(share <= 0.10, "too many 429s: {report}");
+    // Exactly once, by the ledger with its own dedupe off.
+    assert_eq!(stats.charges, N as u64, "{report}");
+    assert_eq!(stats.duplicate_effects, 0, "{report}");
+    eprintln!("{report}");
+}

@@ -364,11 +364,10 @@ pub enum FlowEvent {
         /// The server's `Retry-After`, as an instant: pause the fleet until then.
         pause_until: Option<Timestamp>,
         /// What the reporting process got through lately (answers other than 429), per
-        /// second: [`ServedRate::per_second`].
-        served_per_s: f64,
-        /// The congestion epoch (`rate_cut_at`) this process has already reported to, so it
-        /// is counted once per epoch.
-        epoch_seen: Option<Timestamp>,
+        /// second ([`ServedRate::per_second`]); `None` when this process has already reported
+        /// to the current congestion epoch (its share is counted once: the report then only
+        /// extends the pause).
+        served_per_s: Option<f64>,
         /// The call was a half-open probe: its permit goes back to the round (a 429 says
         /// nothing about the dependency's health).
         probe: bool,
@@ -468,24 +467,23 @@ pub enum Check {
 /// What got through to a dependency lately, per second: the measure a process reports with
 /// a 429 ([`FlowEvent::RateLimited::served_per_s`]).
 ///
-/// Counts answers other than 429 over the last [`ServedRate::WINDOW`] (in ten buckets), divided
-/// by the window, or by the time since the first answer when that is shorter (but never less
-/// than one second: a burst that a PSP's bucket let through at the start is not a rate).
-/// Pauses stay in the window, so after a few cycles the measure is what the dependency really
-/// allowed, not the burst its bucket lets through after every pause.
+/// Counts answers other than 429 over the last [`ServedRate::WINDOW`] (in ten buckets of
+/// 500 ms), divided by the time in that window during which the process was sending (buckets
+/// with at least one request), never less than one second: time spent paused, behind an open
+/// breaker or idle says nothing about what the dependency allows, and a burst that a PSP's
+/// bucket let through in a few milliseconds is not a rate.
 ///
 /// ```
 /// use chrono::{Duration, Utc};
 /// use redrive_policy::ServedRate;
 /// let t = Utc::now();
 /// let mut m = ServedRate::default();
-/// for i in 0..80 { m.record(t + Duration::milliseconds(i)); }
+/// for i in 0..80 { m.sent(t + Duration::milliseconds(i)); m.record(t + Duration::milliseconds(i)); }
 /// assert_eq!(m.per_second(t + Duration::milliseconds(80)), 80.0);
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct ServedRate {
-    first_ms: Option<i64>,
-    buckets: [(i64, u32); 10],
+    buckets: [(i64, u32, bool); 10],
 }
 
 impl ServedRate {
@@ -493,33 +491,37 @@ impl ServedRate {
     pub const WINDOW: Duration = Duration::from_secs(5);
     const BUCKET_MS: i64 = 500;
 
-    /// Counts one answer that got through.
-    pub fn record(&mut self, now: Timestamp) {
-        let ms = now.timestamp_millis();
-        self.first_ms.get_or_insert(ms);
-        let epoch = ms.div_euclid(Self::BUCKET_MS);
+    fn bucket(&mut self, now: Timestamp) -> &mut (i64, u32, bool) {
+        let epoch = now.timestamp_millis().div_euclid(Self::BUCKET_MS);
         let slot = &mut self.buckets[epoch.rem_euclid(10) as usize];
         if slot.0 != epoch {
-            *slot = (epoch, 0);
+            *slot = (epoch, 0, false);
         }
-        slot.1 += 1;
+        slot
     }
 
-    /// Answers per second over the window.
+    /// Notes that a request was sent (whatever its answer).
+    pub fn sent(&mut self, now: Timestamp) {
+        self.bucket(now).2 = true;
+    }
+
+    /// Counts one answer that got through (anything but a 429).
+    pub fn record(&mut self, now: Timestamp) {
+        let b = self.bucket(now);
+        b.1 += 1;
+        b.2 = true;
+    }
+
+    /// Answers per second of sending, over the window.
     pub fn per_second(&self, now: Timestamp) -> f64 {
-        let Some(first) = self.first_ms else {
-            return 0.0;
-        };
-        let ms = now.timestamp_millis();
-        let epoch = ms.div_euclid(Self::BUCKET_MS);
-        let n: u32 = self
+        let epoch = now.timestamp_millis().div_euclid(Self::BUCKET_MS);
+        let live = self
             .buckets
             .iter()
-            .filter(|(e, _)| *e > epoch - 10 && *e <= epoch)
-            .map(|(_, c)| c)
-            .sum();
-        let span = (ms - first).clamp(1000, Self::WINDOW.as_millis() as i64);
-        f64::from(n) * 1000.0 / span as f64
+            .filter(|(e, _, active)| *active && *e > epoch - 10 && *e <= epoch);
+        let (n, active) = live.fold((0u32, 0i64), |(n, a), (_, c, _)| (n + c, a + 1));
+        let span_ms = (active * Self::BUCKET_MS).max(1000);
+        f64::from(n) * 1000.0 / span_ms as f64
     }
 }
 
@@ -610,13 +612,12 @@ impl FlowConfig {
             FlowEvent::RateLimited {
                 pause_until,
                 served_per_s,
-                epoch_seen,
                 probe,
             } => {
                 if probe {
                     transition = self.probe_answered(&mut next, CallResult::Ignored, now, rng);
                 }
-                self.rate_limited(&mut next, pause_until, served_per_s, epoch_seen, now);
+                self.rate_limited(&mut next, pause_until, served_per_s, now);
             }
             FlowEvent::Tick => transition = self.tick(&mut next, now),
             FlowEvent::Force(mode) => transition = self.force(&mut next, mode, now),
@@ -831,8 +832,7 @@ impl FlowConfig {
         &self,
         row: &mut FlowRow,
         pause_until: Option<Timestamp>,
-        served_per_s: f64,
-        epoch_seen: Option<Timestamp>,
+        served_per_s: Option<f64>,
         now: Timestamp,
     ) {
         if let Some(u) = pause_until.filter(|u| *u > now) {
@@ -842,11 +842,12 @@ impl FlowConfig {
             }
         }
         let cfg = &self.rate;
-        if !cfg.adaptive {
+        // No share: this process already reported to the epoch (only the pause applies).
+        let Some(served) = served_per_s.filter(|_| cfg.adaptive) else {
             return;
-        }
-        let served = if served_per_s.is_finite() {
-            served_per_s.max(0.0)
+        };
+        let served = if served.is_finite() {
+            served.max(0.0)
         } else {
             0.0
         };
@@ -854,9 +855,6 @@ impl FlowConfig {
             .rate_cut_at
             .is_some_and(|c| now < add(c, CONGESTION_EPOCH));
         if in_epoch {
-            if epoch_seen.is_some() && epoch_seen == row.rate_cut_at {
-                return; // this process already reported to this epoch
-            }
             let cap = row.rate_cap.unwrap_or(cfg.ceiling) * cfg.decrease;
             let r = row.rate.unwrap_or(cfg.floor) + cfg.decrease * served;
             row.rate = Some(r.min(cap).max(cfg.floor));

@@ -201,7 +201,7 @@ impl Fleet {
         });
         if let Some(ev) = report {
             let step = self.apply(dep, ev, now).await?;
-            self.with(dep, |e| e.client.reported(&ev, &step.row, now));
+            self.with(dep, |e| e.client.reported(&step.row, now));
             if let Some(until) = pause_until.filter(|_| class == FailureClass::RateLimited) {
                 tracing::info!(dependency = dep, until = %until, rate = ?step.row.rate,
                     "dependency paused (Retry-After)");

@@ -48,13 +48,16 @@ pub(crate) fn policies() -> anyhow::Result<(PolicySet, RetryPolicy)> {
         .with_max_exceptions(5)
         .with_blocked_jitter(Duration::from_millis(500))
         .build()?;
-    // Short cool-downs that grow slowly and stay short: the outage lasts 5 s, and the breaker
-    // should find out within a second or two that it is over. Five probes per round, judged as
-    // a group, so that the PSP's 20% background errors do not keep it open.
+    // A quarter of all calls fail on a normal minute here (20% 5xx, 5% lost answers): open at
+    // 60% over the last 50 calls (at least 30), so that background errors never open it while
+    // an outage opens it within a few hundred milliseconds. Short cool-downs that grow slowly
+    // and stay short: the outage lasts 5 s, and the breaker should find out within a second or
+    // two that it is over. Five probes per round, judged as a group: one unlucky probe does not
+    // keep it open.
     let breaker = BreakerConfig::builder()
-        .with_window(Window::Count { size: 40 })
-        .with_minimum_calls(20)
-        .with_failure_rate(0.5)
+        .with_window(Window::Count { size: 50 })
+        .with_minimum_calls(30)
+        .with_failure_rate(0.6)
         .with_open_cooldown(Duration::from_secs(1))
         .with_cooldown_multiplier(1.5)
         .with_cooldown_max(Duration::from_secs(2))

@@ -76,7 +76,8 @@ pub struct FlowClient {
     window: CircuitBreaker,
     served: ServedRate,
     slots: VecDeque<Timestamp>,
-    epoch_seen: Option<Timestamp>,
+    /// When this process last reported its share to a congestion epoch.
+    last_share: Option<Timestamp>,
     budget: Option<RetryBudget>,
 }
 
@@ -89,7 +90,7 @@ impl FlowClient {
             config,
             served: ServedRate::default(),
             slots: VecDeque::new(),
-            epoch_seen: None,
+            last_share: None,
             budget,
         }
     }
@@ -201,12 +202,19 @@ impl FlowClient {
     ) -> Option<FlowEvent> {
         self.observe(row, now);
         if class == FailureClass::RateLimited {
+            self.served.sent(now);
             // The slots were drawn at a rate the dependency just refused.
             self.slots.clear();
+            // Its share once per congestion epoch, however many of its calls got a 429.
+            let fresh = self
+                .last_share
+                .is_none_or(|t| now >= add(t, super::CONGESTION_EPOCH));
+            if fresh {
+                self.last_share = Some(now);
+            }
             return Some(FlowEvent::RateLimited {
                 pause_until,
-                served_per_s: self.served.per_second(now),
-                epoch_seen: self.epoch_seen,
+                served_per_s: fresh.then(|| self.served.per_second(now)),
                 probe,
             });
         }
@@ -224,12 +232,8 @@ impl FlowClient {
         (t.to == BreakerState::Open).then_some(FlowEvent::Opened { reason: t.reason })
     }
 
-    /// After a report was applied: the row as it is now (notes the congestion epoch this
-    /// process has reported to, so it reports to it once).
-    pub fn reported(&mut self, event: &FlowEvent, row: &FlowRow, now: Timestamp) {
-        if matches!(event, FlowEvent::RateLimited { .. }) {
-            self.epoch_seen = row.rate_cut_at;
-        }
+    /// After a report was applied: the row as it is now.
+    pub fn reported(&mut self, row: &FlowRow, now: Timestamp) {
         self.observe(row, now);
     }
 }

@@ -241,8 +241,7 @@ fn a_retry_after_pauses_the_fleet_until_then_and_never_shortens_a_pause() {
     let c = cfg();
     let ev = |until| FlowEvent::RateLimited {
         pause_until: Some(until),
-        served_per_s: 50.0,
-        epoch_seen: None,
+        served_per_s: Some(50.0),
         probe: false,
     };
     let s = c.apply(&FlowRow::default(), ev(at_ms(2000)), t0(), &mut rng());
@@ -355,8 +354,7 @@ fn the_first_429_sets_the_rate_from_what_got_through() {
         &FlowRow::default(),
         FlowEvent::RateLimited {
             pause_until: Some(at_ms(1000)),
-            served_per_s: 80.0,
-            epoch_seen: None,
+            served_per_s: Some(80.0),
             probe: false,
         },
         t0(),
@@ -370,24 +368,76 @@ fn the_first_429_sets_the_rate_from_what_got_through() {
 #[test]
 fn every_process_adds_its_share_once_per_epoch() {
     let c = cfg();
-    let ev = |served, seen| FlowEvent::RateLimited {
+    let ev = |served: Option<f64>| FlowEvent::RateLimited {
         pause_until: None,
         served_per_s: served,
-        epoch_seen: seen,
         probe: false,
     };
     // Three processes, each got ~17/s of a 50/s limit through.
-    let a = c.apply(&FlowRow::default(), ev(17.0, None), t0(), &mut rng());
-    let epoch = a.row.rate_cut_at;
-    let b = c.apply(&a.row, ev(16.0, None), at_ms(5), &mut rng());
-    let a_again = c.apply(&b.row, ev(17.0, epoch), at_ms(6), &mut rng());
-    assert!(!a_again.changed, "a process reports once per epoch");
-    let cc = c.apply(&a_again.row, ev(17.0, None), at_ms(7), &mut rng());
+    let a = c.apply(&FlowRow::default(), ev(Some(17.0)), t0(), &mut rng());
+    let b = c.apply(&a.row, ev(Some(16.0)), at_ms(5), &mut rng());
+    // A repeat from a process that already reported carries no share.
+    let a_again = c.apply(&b.row, ev(None), at_ms(6), &mut rng());
+    assert!(!a_again.changed, "a report without a share changes nothing");
+    let cc = c.apply(&a_again.row, ev(Some(17.0)), at_ms(7), &mut rng());
     let r = cc.row.rate.unwrap();
     assert!((r - 0.9 * 50.0).abs() < 1e-9, "{r}");
-    // A 429 after the epoch is a new cut, from the rate in force.
-    let later = c.apply(&cc.row, ev(17.0, epoch), at_ms(1500), &mut rng());
+    // A 429 after the epoch is a new cut, from what got through.
+    let later = c.apply(&cc.row, ev(Some(17.0)), at_ms(1500), &mut rng());
     assert!((later.row.rate.unwrap() - 0.9 * 17.0).abs() < 1e-9);
+}
+
+#[test]
+fn a_client_gives_its_share_once_per_epoch_however_many_429s_it_gets() {
+    let c = cfg();
+    let mut client = FlowClient::new(c.clone(), 1);
+    let row = FlowRow::default();
+    for i in 0..40 {
+        let now = at_ms(i);
+        assert_eq!(
+            client.before_call(&row, false, AHEAD, now),
+            Next::Call { probe: false }
+        );
+        client.after_call(
+            &row,
+            false,
+            FailureClass::Success,
+            Duration::ZERO,
+            None,
+            now,
+        );
+    }
+    let shares: Vec<_> = (0..5)
+        .map(|i| {
+            match client.after_call(
+                &row,
+                false,
+                FailureClass::RateLimited,
+                Duration::ZERO,
+                None,
+                at_ms(50 + i),
+            ) {
+                Some(FlowEvent::RateLimited { served_per_s, .. }) => served_per_s,
+                other => panic!("{other:?}"),
+            }
+        })
+        .collect();
+    assert_eq!(shares, [Some(40.0), None, None, None, None]);
+    let next = client.after_call(
+        &row,
+        false,
+        FailureClass::RateLimited,
+        Duration::ZERO,
+        None,
+        at_ms(1100),
+    );
+    assert!(matches!(
+        next,
+        Some(FlowEvent::RateLimited {
+            served_per_s: Some(_),
+            ..
+        })
+    ));
 }
 
 #[test]
@@ -395,8 +445,7 @@ fn an_epoch_never_sums_beyond_the_rate_before_it() {
     let c = cfg().with_rate(RateConfig::fixed(40.0).unwrap());
     let ev = |served| FlowEvent::RateLimited {
         pause_until: None,
-        served_per_s: served,
-        epoch_seen: None,
+        served_per_s: Some(served),
         probe: false,
     };
     let mut row = FlowRow::default();
@@ -479,8 +528,7 @@ fn a_fixed_limit_that_is_not_adaptive_ignores_429s() {
         &FlowRow::default(),
         FlowEvent::RateLimited {
             pause_until: None,
-            served_per_s: 10.0,
-            epoch_seen: None,
+            served_per_s: Some(10.0),
             probe: false,
         },
         t0(),
@@ -609,78 +657,73 @@ proptest! {
 }
 
 /// AIMD against a PSP that serves `limit`/s (a token bucket holding one second of it, as the
-/// PSP simulator's) and answers 429 with `Retry-After: 1` beyond: after a minute, what gets
-/// through settles within 10% of the limit, with few 429s, and the learned rate stays near it.
+/// PSP simulator's) and answers 429 with `Retry-After: 1` beyond, through the same
+/// [`FlowClient`] protocol a worker process runs: after a minute, what gets through settles
+/// within 10% of the limit, with few 429s, and the learned rate stays near it.
 #[test]
 fn aimd_settles_near_a_fixed_psp_limit() {
     for limit in [20.0, 80.0, 300.0] {
         let c = cfg();
+        let mut client = FlowClient::new(c.clone(), 3);
         let mut row = FlowRow::default();
         let mut r = rng();
         let mut tokens = limit;
         let mut last_us = 0i64;
-        let mut served = ServedRate::default();
-        let mut queue: Vec<Timestamp> = vec![];
-        let mut seen_epoch = None;
         let mut rates = vec![];
         let (mut ok_late, mut limited_late, mut sent_late) = (0u32, 0u32, 0u32);
-        let step = 1000i64; // 1 ms; the process always has work
+        let mut wait_until: Option<Timestamp> = None;
+        let step = 1000i64; // 1 ms; the process always has work, one call at a time
         let mut now_us = 0i64;
         while now_us < 120_000_000 {
             let now = t0() + chrono::Duration::microseconds(now_us);
-            let send = match c.check(&row, now) {
-                Check::Go => true,
-                Check::Limited => {
-                    if queue.is_empty() {
-                        let s = c.apply(&row, FlowEvent::Reserve { max_ahead: AHEAD }, now, &mut r);
-                        if let Grant::Slots(sl) = s.grant {
-                            queue.extend((0..sl.count()).map(|i| sl.at(i)));
-                        }
-                        row = s.row;
-                    }
-                    if queue.first().is_some_and(|t| *t <= now) {
-                        queue.remove(0);
-                        true
-                    } else {
-                        false
-                    }
-                }
-                _ => {
-                    queue.clear();
-                    false
-                }
-            };
             let late = now_us >= 60_000_000;
-            if send {
-                sent_late += u32::from(late);
-                tokens = (tokens + (now_us - last_us) as f64 / 1e6 * limit).min(limit);
-                last_us = now_us;
-                if tokens >= 1.0 {
-                    tokens -= 1.0;
-                    served.record(now);
-                    ok_late += u32::from(late);
-                } else {
-                    limited_late += u32::from(late);
-                    let s = c.apply(
-                        &row,
-                        FlowEvent::RateLimited {
-                            pause_until: Some(now + chrono::Duration::seconds(1)),
-                            served_per_s: served.per_second(now),
-                            epoch_seen: seen_epoch,
-                            probe: false,
-                        },
-                        now,
-                        &mut r,
-                    );
-                    row = s.row;
-                    seen_epoch = row.rate_cut_at;
-                    queue.clear();
-                }
-            }
             if late && now_us % 1_000_000 == 0 {
                 rates.push(c.rate_in_force(&row).unwrap_or(f64::INFINITY));
             }
             now_us += step;
+            if wait_until.is_some_and(|w| w > now) {
+                continue;
+            }
+            wait_until = None;
+            let mut next = client.before_call(&row, false, AHEAD, now);
+            if let Next::Apply(ev) = next {
+                let s = c.apply(&row, ev, now, &mut r);
+                row = s.row;
+                next = client.granted(s.grant, now);
+            }
+            match next {
+                Next::Call { .. } => {}
+                Next::CallAt { at } if at <= now => {}
+                Next::CallAt { at } | Next::Blocked { until: at, .. } => {
+                    wait_until = Some(at);
+                    // The slot is this call's: it goes at `at`.
+                    if matches!(next, Next::Blocked { .. }) {
+                        continue;
+                    }
+                }
+                Next::Apply(_) => unreachable!(),
+            }
+            let send_at = wait_until.unwrap_or(now);
+            sent_late += u32::from(late);
+            let t_us = (send_at - t0()).num_microseconds().unwrap();
+            tokens = (tokens + (t_us - last_us).max(0) as f64 / 1e6 * limit).min(limit);
+            last_us = last_us.max(t_us);
+            let class = if tokens >= 1.0 {
+                tokens -= 1.0;
+                ok_late += u32::from(late);
+                FailureClass::Success
+            } else {
+                limited_late += u32::from(late);
+                FailureClass::RateLimited
+            };
+            let pause = (class == FailureClass::RateLimited)
+                .then(|| send_at + chrono::Duration::seconds(1));
+            if let Some(ev) = client.after_call(&row, false, class, Duration::ZERO, pause, send_at)
+            {
+                let s = c.apply(&row, ev, send_at, &mut r);
+                row = s.row;
+                client.reported(&row, send_at);
+            }
         }
         let through = f64::from(ok_late) / 60.0;
         let share_429 = f64::from(limited_late) / f64::from(sent_late);
