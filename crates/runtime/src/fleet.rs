@@ -213,11 +213,19 @@ impl Fleet {
     /// Applies `event` to the shared row: read, apply, compare-and-set, again on a conflict.
     async fn apply(&self, dep: &str, event: FlowEvent, now: Timestamp) -> Result<Step, StoreError> {
         let mut row = self.row(dep, false).await?;
+        let mut fresh = false;
         for _ in 0..CAS_TRIES {
             let flow = row.as_ref().map(|d| d.flow.clone()).unwrap_or_default();
             let step = self.with(dep, |e| e.config.apply(&flow, event, now, &mut e.rng));
             if !step.changed {
-                return Ok(step);
+                if fresh {
+                    return Ok(step);
+                }
+                // Nothing to write by the cached row: make sure by the stored one (a probe's
+                // answer judged against a stale row would be lost).
+                row = self.row(dep, true).await?;
+                fresh = true;
+                continue;
             }
             let w = DependencyWrite {
                 dependency: dep.to_owned(),
@@ -248,7 +256,10 @@ impl Fleet {
                     }
                     return Ok(step);
                 }
-                None => row = self.row(dep, true).await?,
+                None => {
+                    row = self.row(dep, true).await?;
+                    fresh = true;
+                }
             }
         }
         tracing::warn!(
