@@ -51,7 +51,7 @@ pub(crate) fn policies() -> anyhow::Result<(PolicySet, RetryPolicy)> {
     // A quarter of all calls fail on a normal minute here (20% 5xx, 5% lost answers): open at
     // 60% over the last 50 calls (at least 30), so that background errors never open it while
     // an outage opens it within a few hundred milliseconds. Short cool-downs that grow slowly
-    // and stay short: the outage lasts 5 s, and the breaker should find out within a second or
+    // and stay short (1 s, then 1.5 s): the outage lasts 5 s, and the breaker should find out within a second or
     // two that it is over. Five probes per round, judged as a group: one unlucky probe does not
     // keep it open.
     let breaker = BreakerConfig::builder()
@@ -60,7 +60,7 @@ pub(crate) fn policies() -> anyhow::Result<(PolicySet, RetryPolicy)> {
         .with_failure_rate(0.6)
         .with_open_cooldown(Duration::from_secs(1))
         .with_cooldown_multiplier(1.5)
-        .with_cooldown_max(Duration::from_secs(2))
+        .with_cooldown_max(Duration::from_millis(1500))
         .build()?;
     // No configured rate limit: the fleet learns the PSP's from its 429s (the default).
     let flow = FlowConfig::default()
