@@ -50,9 +50,9 @@ pub(crate) fn policies() -> anyhow::Result<(PolicySet, RetryPolicy)> {
         .build()?;
     // A quarter of all calls fail on a normal minute here (20% 5xx, 5% lost answers): open at
     // 60% over the last 50 calls (at least 30), so that background errors never open it while
-    // an outage opens it within a few hundred milliseconds. Short cool-downs that grow slowly
-    // and stay short (1 s, then 1.5 s): the outage lasts 5 s, and the breaker should find out within a second or
-    // two that it is over. Five probes per round, judged as a group: one unlucky probe does not
+    // an outage opens it within a few hundred milliseconds. Short cool-downs (1 s, then 1.5 s
+    // at most): the outage lasts 5 s, and the fleet should find out within a second and a half
+    // that it is over. Five probes per round, judged as a group: one unlucky probe does not
     // keep it open.
     let breaker = BreakerConfig::builder()
         .with_window(Window::Count { size: 50 })
