@@ -302,6 +302,19 @@ pub(crate) struct PspSimArgs {
     /// Seed that makes the faults reproducible.
     #[arg(long)]
     pub(crate) seed: Option<u64>,
+    /// `on` (the default): the ledger itself refuses a second charge for a key. `off`: only
+    /// the idempotency layer in front of the charges protects them, as at a real PSP, so
+    /// `duplicate_effects` in `/_sim/stats` shows what the layer and the clients achieved.
+    #[arg(long = "ledger-dedupe", default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    pub(crate) ledger_dedupe: bool,
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("{s:?} is neither on nor off")),
+    }
 }
 
 /// `redrive simulate`.
