@@ -151,11 +151,13 @@ impl PspSim {
 ///
 /// # Default
 /// [`Faults::none()`], a random seed (reported in [`Stats::seed`]), the
-/// ledger's dedupe on, nothing in front of the ledger.
+/// ledger's dedupe on, nothing in front of the ledger, a request log of
+/// [`REQUEST_LOG_CAPACITY`] requests.
 pub struct PspSimBuilder {
     faults: Faults,
     seed: Option<u64>,
     ledger_dedupe: bool,
+    log_capacity: usize,
     wrap: Option<routes::Wrap>,
 }
 
@@ -165,6 +167,7 @@ impl std::fmt::Debug for PspSimBuilder {
             .field("faults", &self.faults)
             .field("seed", &self.seed)
             .field("ledger_dedupe", &self.ledger_dedupe)
+            .field("request_log_capacity", &self.log_capacity)
             .field("charges_layer", &self.wrap.is_some())
             .finish()
     }
@@ -183,6 +186,7 @@ impl PspSimBuilder {
             faults: Faults::none(),
             seed: None,
             ledger_dedupe: true,
+            log_capacity: REQUEST_LOG_CAPACITY,
             wrap: None,
         }
     }
@@ -204,6 +208,14 @@ impl PspSimBuilder {
     /// [`PspSimBuilder::charges_layer`] keeps `duplicate_effects` at zero.
     pub fn ledger_dedupe(mut self, on: bool) -> Self {
         self.ledger_dedupe = on;
+        self
+    }
+
+    /// How many requests the request log keeps before it drops the oldest
+    /// (default [`REQUEST_LOG_CAPACITY`]). A finite run that must check every
+    /// request (the demo) sets it above the requests it can make.
+    pub fn request_log_capacity(mut self, n: usize) -> Self {
+        self.log_capacity = n;
         self
     }
 
@@ -243,7 +255,7 @@ impl PspSimBuilder {
         if self.seed.is_some() {
             faults.seed = self.seed;
         }
-        let state = SimState::new(faults, self.ledger_dedupe)?;
+        let state = SimState::with_log_capacity(faults, self.ledger_dedupe, self.log_capacity)?;
         let wrap = self.wrap.unwrap_or_else(|| Box::new(|r| r));
         let router = routes::build(state.clone(), wrap);
         Ok((state, router))

@@ -55,6 +55,18 @@ impl SimState {
     /// # Errors
     /// [`FaultsError`] naming the first invalid fault field.
     pub fn new(faults: Faults, ledger_dedupe: bool) -> Result<SimState, FaultsError> {
+        SimState::with_log_capacity(faults, ledger_dedupe, crate::REQUEST_LOG_CAPACITY)
+    }
+
+    /// [`SimState::new`] with a request log of `log_capacity` requests.
+    ///
+    /// # Errors
+    /// [`FaultsError`] naming the first invalid fault field.
+    pub fn with_log_capacity(
+        faults: Faults,
+        ledger_dedupe: bool,
+        log_capacity: usize,
+    ) -> Result<SimState, FaultsError> {
         faults.validate()?;
         let seed = faults.seed.unwrap_or_else(rand::random);
         let faults = faults.resolved(Duration::ZERO);
@@ -65,7 +77,7 @@ impl SimState {
                     start: Instant::now(),
                     engine: FaultEngine::new(faults, seed, Duration::ZERO),
                     ledger: Ledger::new(ledger_dedupe),
-                    rec: Recorder::default(),
+                    rec: Recorder::new(log_capacity),
                 }),
                 shutdown,
             }),
@@ -114,7 +126,7 @@ impl SimState {
         core.start = Instant::now();
         core.engine = FaultEngine::new(faults, seed, Duration::ZERO);
         core.ledger.clear();
-        core.rec = Recorder::default();
+        core.rec = Recorder::new(core.rec.capacity());
     }
 
     /// A snapshot of the counters.

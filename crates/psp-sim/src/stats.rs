@@ -185,8 +185,9 @@ pub(crate) struct Arrival {
 }
 
 /// The mutable counters behind [`Stats`] (charges come from the ledger).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Recorder {
+    capacity: usize,
     total: u64,
     by_status: BTreeMap<u16, u64>,
     keys: HashSet<String>,
@@ -201,7 +202,37 @@ pub(crate) struct Recorder {
     dropped: u64,
 }
 
+impl Default for Recorder {
+    fn default() -> Self {
+        Recorder::new(REQUEST_LOG_CAPACITY)
+    }
+}
+
 impl Recorder {
+    /// Empty, with a request log of `capacity` requests.
+    pub(crate) fn new(capacity: usize) -> Self {
+        Recorder {
+            capacity,
+            total: 0,
+            by_status: BTreeMap::new(),
+            keys: HashSet::new(),
+            replays: 0,
+            layer_replays: 0,
+            conflicts: 0,
+            mismatches: 0,
+            injected: Injected::default(),
+            timeline: Vec::new(),
+            executions: HashMap::new(),
+            log: VecDeque::new(),
+            dropped: 0,
+        }
+    }
+
+    /// The request log's capacity.
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     /// Counts a key seen on `POST /v1/charges`.
     pub(crate) fn key(&mut self, key: &str) {
         if !self.keys.contains(key) {
@@ -227,7 +258,7 @@ impl Recorder {
             Note::LayerReplay => Some(ReplayedBy::Layer),
             _ => None,
         };
-        if self.log.len() >= REQUEST_LOG_CAPACITY {
+        if self.log.len() >= self.capacity {
             self.log.pop_front();
             self.dropped += 1;
         }
@@ -377,19 +408,20 @@ mod tests {
 
     #[test]
     fn the_log_is_bounded_and_counts_what_it_dropped() {
-        let mut r = Recorder::default();
-        for i in 0..REQUEST_LOG_CAPACITY as u64 + 3 {
+        assert_eq!(Recorder::default().capacity(), REQUEST_LOG_CAPACITY);
+        let mut r = Recorder::new(100);
+        for i in 0..103 {
             r.answered(arrival(i, "k"), 201, Note::Plain);
         }
         let all = r.requests(0, usize::MAX);
-        assert_eq!(all.requests.len(), REQUEST_LOG_CAPACITY);
+        assert_eq!(all.requests.len(), 100);
         assert_eq!(all.dropped, 3);
         assert_eq!(all.requests[0].seq, 4, "the oldest go first");
         // A cursor inside the dropped part starts at the oldest kept.
         assert_eq!(r.requests(1, 1).requests[0].seq, 4);
         assert_eq!(r.requests(10, 1).requests[0].seq, 11);
         assert_eq!(r.snapshot().request_log_dropped, 3);
-        assert_eq!(r.snapshot().requests_total, REQUEST_LOG_CAPACITY as u64 + 3);
+        assert_eq!(r.snapshot().requests_total, 103);
     }
 
     #[test]
