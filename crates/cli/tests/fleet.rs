@@ -154,14 +154,29 @@ fn all_succeeded(pg: &PgStore, n: u64, limit: Duration) {
     }
 }
 
+/// SIGTERM to every worker, then waits for each to exit (at most 30 s, then SIGKILL and a
+/// failure).
 fn stop(mut children: Vec<Child>) {
     for c in &children {
-        let _ = Command::new("kill")
+        let sent = Command::new("kill")
             .args(["-TERM", &c.id().to_string()])
-            .status();
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -TERM {}: {sent}", c.id());
     }
+    let deadline = Instant::now() + Duration::from_secs(30);
     for c in &mut children {
-        c.wait().unwrap();
+        loop {
+            match c.try_wait().expect("wait for a worker") {
+                Some(_) => break,
+                None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+                None => {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    panic!("worker {} did not exit within 30 s of SIGTERM", c.id());
+                }
+            }
+        }
     }
 }
 

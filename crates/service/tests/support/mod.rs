@@ -31,6 +31,10 @@ impl Harness {
     pub fn app(&self) -> Router {
         app(self.state.clone())
     }
+    /// The SQLite file of an SQLite harness.
+    pub fn sqlite_path(&self) -> Option<std::path::PathBuf> {
+        self._dir.as_ref().map(|d| d.path().join("q.db"))
+    }
 }
 
 pub async fn sqlite(config: AppConfig) -> Harness {
