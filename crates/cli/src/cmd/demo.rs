@@ -59,11 +59,11 @@ struct Report {
     retries_in_process: u64,
     defers: u64,
     breaker_transitions: Vec<Transition>,
-    /// PSP requests that arrived while the breaker was open (must be 0): each request's
-    /// arrival at the simulator against the stored transitions (see
-    /// [`measure::breaker_counts`] for the boundary).
+    /// PSP requests let through while the breaker was open (must be 0): every request of the
+    /// simulator's log, by the attempt that sent it, against the transitions from the moment
+    /// each was written (see [`measure::breaker_counts`] for the boundary).
     requests_while_open: u64,
-    /// PSP requests that arrived while the breaker was half-open: the probes.
+    /// PSP requests let through while the breaker was half-open: the probes.
     probes_sent: u64,
     /// Attempts that followed a 429 sooner than its `Retry-After` (must be 0).
     retries_before_retry_after: u64,
@@ -641,7 +641,7 @@ fn print_report(r: &Report) {
         None => println!("  PSP load           no rate limit"),
     }
     if let Some(back) = l.back_after_outage_s {
-        println!("  after the outage   first charge made {back:.2}s after it ended");
+        println!("  after the outage   first 2xx answer {back:.2}s after it ended");
     }
     println!(
         "  charges made       {} for {} distinct keys (the ledger's own dedupe {}): {} duplicate effects (at most {} per key)",

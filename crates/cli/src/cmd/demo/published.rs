@@ -20,9 +20,13 @@ const TRANSITIONS: &str = "redrive_breaker_transitions_total";
 /// A transition as it was published: when, for which dependency, from and to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Published {
+    /// Just after the write (the counter is incremented once the store has it).
     pub(crate) at: DateTime<Utc>,
+    /// The dependency's name.
     pub(crate) dependency: String,
+    /// The state it left.
     pub(crate) from: BreakerState,
+    /// The state it went to.
     pub(crate) to: BreakerState,
 }
 
