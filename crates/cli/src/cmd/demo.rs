@@ -651,9 +651,13 @@ fn print_report(r: &Report) {
         r.psp.duplicate_effects,
         r.psp.effects_max_per_key,
     );
+    let runs = match r.psp.executions_max_per_key {
+        1 => "once".to_owned(),
+        n => format!("{n} times"),
+    };
     println!(
-        "  replayed answers   {} by the idempotency layer, {} by the ledger; the charge ran at most {} times for one key",
-        r.psp.layer_replays, r.psp.replays, r.psp.executions_max_per_key
+        "  replayed answers   {} by the idempotency layer, {} by the ledger; the charge ran at most {runs} for one key",
+        r.psp.layer_replays, r.psp.replays
     );
     if r.exactly_once {
         println!("  => every charge exactly once");
