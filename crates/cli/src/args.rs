@@ -302,6 +302,19 @@ pub(crate) struct PspSimArgs {
     /// Seed that makes the faults reproducible.
     #[arg(long)]
     pub(crate) seed: Option<u64>,
+    /// `on` (the default): the ledger itself refuses a second charge for a key. `off`: only
+    /// the idempotency layer in front of the charges protects them, as at a real PSP, so
+    /// `duplicate_effects` in `/_sim/stats` shows what the layer and the clients achieved.
+    #[arg(long = "ledger-dedupe", default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    pub(crate) ledger_dedupe: bool,
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("{s:?} is neither on nor off")),
+    }
 }
 
 /// `redrive simulate`.
@@ -378,10 +391,20 @@ pub(crate) struct DemoArgs {
     /// A healthy PSP (no faults): for measuring throughput.
     #[arg(long = "no-faults")]
     pub(crate) no_faults: bool,
-    /// Keep the simulator's idempotency layer with `--no-faults` too (the bad day always
-    /// has it), to measure throughput with the layer in front of the charges.
+    /// Keep the simulator's idempotency layer with `--no-faults` too (the bad day has it
+    /// unless `--no-sim-idempotency-layer`), to measure throughput with the layer in front of
+    /// the charges.
     #[arg(long = "sim-idempotency-layer")]
     pub(crate) sim_idempotency_layer: bool,
+    /// Leave the simulator's idempotency layer out on the bad day too. The simulator's ledger
+    /// runs without its own dedupe, as a real PSP's would, so nothing then stops a repeated
+    /// charge: the answers lost after the charge become double charges, the report says so
+    /// and the demo fails. Shows what the layer is for, and that the check can fail.
+    #[arg(
+        long = "no-sim-idempotency-layer",
+        conflicts_with = "sim_idempotency_layer"
+    )]
+    pub(crate) no_sim_idempotency_layer: bool,
     /// Where the charts go.
     #[arg(long, default_value = "redrive-demo")]
     pub(crate) out: std::path::PathBuf,

@@ -36,10 +36,10 @@ fn block<T>(f: impl std::future::Future<Output = T>) -> T {
         .block_on(f)
 }
 
-/// A fresh schema; `None` (skip) only when PostgreSQL is unreachable and CI is not set.
+/// A fresh schema; `None` (skip) only when PostgreSQL is unreachable (refused or timed out)
+/// and CI is not set; any other connection error fails.
 fn schema() -> Option<(PgStore, String)> {
-    let url = std::env::var("REDRIVE_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let url = redrive_testkit::postgres_url();
     static SEQ: AtomicU32 = AtomicU32::new(0);
     let name = format!(
         "rdfleet_{}_{}_{}",
@@ -53,10 +53,8 @@ fn schema() -> Option<(PgStore, String)> {
             Some((pg, format!("{url}{sep}schema={name}")))
         }
         Err(e) => {
-            if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
-                panic!("PostgreSQL at {url} is unreachable and CI=true: {e}");
-            }
-            eprintln!("skipping: PostgreSQL at {url} is unreachable: {e}");
+            // Skips only when the server is unreachable and CI is not set; fails otherwise.
+            redrive_testkit::skip_or_fail(&url, &e);
             None
         }
     }
@@ -157,14 +155,29 @@ fn all_succeeded(pg: &PgStore, n: u64, limit: Duration) {
     }
 }
 
+/// SIGTERM to every worker, then waits for each to exit (at most 30 s, then SIGKILL and a
+/// failure).
 fn stop(mut children: Vec<Child>) {
     for c in &children {
-        let _ = Command::new("kill")
+        let sent = Command::new("kill")
             .args(["-TERM", &c.id().to_string()])
-            .status();
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -TERM {}: {sent}", c.id());
     }
+    let deadline = Instant::now() + Duration::from_secs(30);
     for c in &mut children {
-        c.wait().unwrap();
+        loop {
+            match c.try_wait().expect("wait for a worker") {
+                Some(_) => break,
+                None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+                None => {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    panic!("worker {} did not exit within 30 s of SIGTERM", c.id());
+                }
+            }
+        }
     }
 }
 
@@ -258,8 +271,7 @@ fn a_retry_after_answered_to_one_process_delays_the_other() {
 fn bench_on_postgres_enqueues_from_four_producers_by_default() {
     let Some((pg, _)) = schema() else { return };
     block(pg.drop_schema()).unwrap();
-    let url = std::env::var("REDRIVE_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let url = redrive_testkit::postgres_url();
     let o = Command::new(env!("CARGO_BIN_EXE_redrive"))
         .args([
             "--db",

@@ -101,6 +101,7 @@ fn serves_charges_and_stats_until_killed() {
     assert_eq!(s["charges"], 1);
     assert_eq!(s["distinct_keys"], 1);
     assert_eq!(s["duplicate_effects"], 0);
+    assert_eq!(s["ledger_dedupe"], true, "on by default");
     assert_eq!(s["seed"], 4);
     assert!(s["timeline"].is_array());
 
@@ -142,9 +143,36 @@ fn fault_flags_reach_the_simulator() {
     assert_eq!(f["timeout_after_commit"], 0.1);
 }
 
+/// `--ledger-dedupe off`: the layer in front is the only protection, and its replays show.
+#[test]
+fn ledger_dedupe_off_leaves_the_charges_to_the_idempotency_layer() {
+    let (_sim, addr) = start(&["--ledger-dedupe", "off"]);
+    for _ in 0..2 {
+        let (status, _, body) = http(
+            &addr,
+            "POST",
+            "/v1/charges",
+            &[JSON, ("Idempotency-Key", "k")],
+            r#"{"amount":1,"currency":"EUR"}"#,
+        );
+        assert_eq!(status, 201, "{body}");
+    }
+    let (_, _, body) = http(&addr, "GET", "/_sim/stats", &[], "");
+    let s: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(s["ledger_dedupe"], false, "{s}");
+    assert_eq!(s["charges"], 1, "{s}");
+    assert_eq!(s["layer_replays"], 1, "{s}");
+    assert_eq!(s["replays"], 0, "{s}");
+    let (status, _, body) = http(&addr, "GET", "/_sim/requests", &[], "");
+    assert_eq!(status, 200);
+    let log: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(log["requests"][1]["replayed_by"], "layer", "{log}");
+}
+
 #[test]
 fn bad_flag_values_exit_2_naming_the_flag() {
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 7] = [
+        (&["--ledger-dedupe", "maybe"], "--ledger-dedupe"),
         (&["--outage", "5s"], "--outage"),
         (&["--outage", "5s+0s"], "--outage"),
         (&["--error-rate", "2"], "--error-rate"),

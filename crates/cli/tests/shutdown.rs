@@ -151,6 +151,7 @@ fn sigterm_lets_running_attempts_finish_and_loses_nothing() {
         String::from_utf8_lossy(&out.stderr)
     );
     let js = jobs(&db);
+    assert_eq!(js.len(), 12);
     assert!(
         js.iter().all(|j| j.state != JobState::Running),
         "nothing left leased"
@@ -167,6 +168,7 @@ fn sigterm_lets_running_attempts_finish_and_loses_nothing() {
     assert!(done.len() < 12, "it stopped claiming");
     finish(&db);
     let js = jobs(&db);
+    assert_eq!(js.len(), 12);
     assert!(
         js.iter()
             .all(|j| j.state == JobState::Succeeded && j.attempts == 1)
@@ -193,6 +195,7 @@ fn sigterm_past_the_grace_period_releases_without_counting_the_attempt() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("released 4"));
     let js = jobs(&db);
+    assert_eq!(js.len(), 4);
     assert!(
         js.iter()
             .all(|j| j.state == JobState::Available && j.attempts == 0),
@@ -220,6 +223,7 @@ fn sigkill_leaves_leases_that_expire_and_every_job_still_finishes_once() {
     std::thread::sleep(Duration::from_millis(1100));
     finish(&db);
     let js = jobs(&db);
+    assert_eq!(js.len(), 8);
     assert!(
         js.iter().all(|j| j.state == JobState::Succeeded),
         "none lost"

@@ -29,9 +29,11 @@ fn charge(url: &str, amount: u64, key: &str) -> NewJob {
     .key(key)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn charges_survive_5xx_and_timeouts_after_commit_with_one_effect_each() {
-    let sim = PspSim::builder()
+/// 60 charges through 30% 5xx and 10% answers lost after the charge, at a PSP whose ledger
+/// refuses nothing itself (its own dedupe off): with `layer`, the simulator's idempotency
+/// layer in front of it. Returns the simulator's stats, the jobs that succeeded and the store.
+async fn bad_day(layer: bool) -> (redrive_psp_sim::Stats, u64, Store, tempfile::TempDir) {
+    let mut sim = PspSim::builder()
         .faults(Faults {
             error_rate: 0.3,
             timeout_after_commit: 0.1,
@@ -39,11 +41,12 @@ async fn charges_survive_5xx_and_timeouts_after_commit_with_one_effect_each() {
             seed: Some(3),
             ..Faults::none()
         })
-        .with_idempotency_layer()
-        .start("127.0.0.1:0")
-        .await
-        .unwrap();
-    let (s, _d) = store().await;
+        .ledger_dedupe(false);
+    if layer {
+        sim = sim.with_idempotency_layer();
+    }
+    let sim = sim.start("127.0.0.1:0").await.unwrap();
+    let (s, d) = store().await;
     let jobs: Vec<NewJob> = (0..60)
         .map(|i| charge(&sim.url(), 100 + i, &format!("order-{i}")))
         .collect();
@@ -62,11 +65,39 @@ async fn charges_survive_5xx_and_timeouts_after_commit_with_one_effect_each() {
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+    let stats = sim.stats();
+    sim.shutdown().await;
+    (stats, succeeded, s, d)
+}
+
+/// One charge per key, read from the ledger's effects per key (its own dedupe is off).
+fn one_charge_per_key(stats: &redrive_psp_sim::Stats, jobs: u64) -> Result<(), String> {
+    if stats.ledger_dedupe {
+        return Err("the ledger's own dedupe was on: a double charge could not show".into());
+    }
+    if stats.charges != jobs || stats.duplicate_effects != 0 || stats.effects_max_per_key != 1 {
+        return Err(format!(
+            "{} charges for {jobs} jobs, {} duplicate, up to {} for one key",
+            stats.charges, stats.duplicate_effects, stats.effects_max_per_key
+        ));
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn charges_survive_5xx_and_timeouts_after_commit_with_one_effect_each() {
+    let (stats, succeeded, s, _d) = bad_day(true).await;
     let counts = s.counts().await.unwrap();
     assert_eq!(succeeded, 60, "{counts:?}");
-    let stats = sim.stats();
-    assert_eq!(stats.charges, 60, "one effect per job");
-    assert_eq!(stats.duplicate_effects, 0);
+    assert_eq!(one_charge_per_key(&stats, 60), Ok(()), "{stats:?}");
+    assert_eq!(
+        stats.executions_max_per_key, 1,
+        "the layer ran each charge once"
+    );
+    assert!(
+        stats.layer_replays > 0,
+        "lost answers were replayed: {stats:?}"
+    );
     assert!(
         stats.requests_total > 60,
         "faults forced retries: {}",
@@ -80,6 +111,7 @@ async fn charges_survive_5xx_and_timeouts_after_commit_with_one_effect_each() {
         })
         .await
         .unwrap();
+    assert_eq!(page.jobs.len(), 60);
     let j = &page.jobs[0];
     assert_eq!(j.result.as_ref().unwrap()["status"], 201);
     let attempts = s.attempts(j.id).await.unwrap();
@@ -99,7 +131,21 @@ async fn charges_survive_5xx_and_timeouts_after_commit_with_one_effect_each() {
         classes.contains("infrastructure") && classes.contains("timeout"),
         "{classes:?}"
     );
-    sim.shutdown().await;
+}
+
+/// The negative control: the same run without the layer. The lost answers are retried with
+/// the same key and the ledger charges again, so the check above reports double charges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_check_catches_a_double_charge_without_the_layer() {
+    let (stats, succeeded, _s, _d) = bad_day(false).await;
+    assert_eq!(succeeded, 60);
+    assert!(stats.injected.timeouts_after_commit > 0, "{stats:?}");
+    let err = one_charge_per_key(&stats, 60).unwrap_err();
+    assert!(
+        stats.duplicate_effects > 0 && stats.effects_max_per_key >= 2,
+        "{err}"
+    );
+    assert_eq!(stats.layer_replays, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,6 +198,7 @@ async fn a_decline_is_dead_at_once_and_a_refused_connection_is_infrastructure() 
     );
     assert_eq!(s.attempts(bad).await.unwrap()[0].http_status, Some(422));
     let a = s.attempts(down).await.unwrap();
+    assert!(!a.is_empty(), "the refused connection was attempted");
     assert!(a.iter().all(|a| a.class == "infrastructure"), "{a:?}");
     let j = s.get(junk).await.unwrap().unwrap();
     assert_eq!(j.state, JobState::Dead);

@@ -65,10 +65,12 @@ impl Jitter {
                 half + uniform(rng, 0, d - half)
             }
             Jitter::Decorrelated => {
+                // min(cap, U(base, max(base, 3·prev))): the draw spans up to 3·prev even
+                // past the cap, and what lands beyond it waits the cap.
                 let b = nanos(base).min(cap_n);
                 let p = prev.map_or(b, nanos);
-                let hi = p.saturating_mul(3).max(b).min(cap_n);
-                uniform(rng, b, hi)
+                let hi = p.saturating_mul(3).max(b);
+                uniform(rng, b, hi).min(cap_n)
             }
             Jitter::Proportional(f) => {
                 let extra = (d as f64 * f).min(u64::MAX as f64) as u64;

@@ -281,6 +281,16 @@ impl Ledger {
         self.charges.len() as u64
     }
 
+    /// The most effects made for one key.
+    pub(crate) fn effects_max_per_key(&self) -> u64 {
+        self.effects.values().copied().max().unwrap_or(0)
+    }
+
+    /// Whether the ledger refuses a second effect for a key itself.
+    pub(crate) fn dedupe(&self) -> bool {
+        self.dedupe
+    }
+
     /// Effects beyond the first, summed over keys.
     pub(crate) fn duplicate_effects(&self) -> u64 {
         self.effects.values().map(|n| n.saturating_sub(1)).sum()
@@ -379,6 +389,7 @@ mod tests {
         l.commit("j", &req(10), 0);
         assert_eq!(l.charges(), 4);
         assert_eq!(l.duplicate_effects(), 2);
+        assert_eq!(l.effects_max_per_key(), 3);
         assert_eq!(l.by_key("k").unwrap().unwrap().id, "ch_000001");
     }
 }

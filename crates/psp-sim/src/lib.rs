@@ -34,6 +34,7 @@
 //! | `GET /_sim/faults` | the faults in force (see [`Faults`] for the JSON) |
 //! | `POST /_sim/faults` | replace every fault (left-out fields are off; `seed` reseeds); 200 with the faults now in force, 422 naming a bad field |
 //! | `GET /_sim/stats` | [`Stats`] as JSON |
+//! | `GET /_sim/requests?after=SEQ&limit=N` | the request log, oldest first: a [`RequestPage`] of [`RequestRecord`]s (`seq`, `at` wall-clock UTC, `t_us` since the start, `method`, `path`, `key`, `status`, `replayed_by`) with `seq > after` (default 0), at most `limit` (default 1,000, at most 10,000); `next` is the cursor of the following page, `null` at the end; 400 naming an unknown or bad parameter |
 //! | `POST /_sim/reset` | 204; clears ledger and counters, restarts the clock, reseeds with the current seed |
 //!
 //! Errors are `application/problem+json` with `type`, `title`, `status`,
@@ -66,7 +67,9 @@
 //!
 //! With a seed, the same sequence of requests meets the same faults.
 //! A request is counted in [`Stats`] when its status is decided, before any
-//! hold-back or latency, in the 100 ms timeline slice of its arrival.
+//! hold-back or latency, in the 100 ms timeline slice of its arrival, and
+//! logged with its exact arrival time (the last [`REQUEST_LOG_CAPACITY`]
+//! requests are kept).
 //!
 //! # The dedupe seam
 //!
@@ -74,9 +77,15 @@
 //! around `POST /v1/charges` alone: after the edge faults, before the
 //! ledger, inside the hold-back and latency. That is where the generic
 //! idempotency layer goes; the ledger's own check stays as a second line of
-//! defence, and [`PspSimBuilder::ledger_dedupe`]`(false)` turns it off to
-//! show what the layer alone achieves. `duplicate_effects` is counted from
-//! the effects per key, whatever the dedupe did.
+//! defence, and [`PspSimBuilder::ledger_dedupe`]`(false)` (`redrive psp-sim
+//! --ledger-dedupe off`) turns it off to show what the layer alone achieves,
+//! as at a real PSP. `duplicate_effects` and `effects_max_per_key` are counted
+//! from the effects per key, whatever the dedupe did; `layer_replays` counts
+//! the answers the layer replayed, `replays` the ledger's, and
+//! `executions_max_per_key` how often the charge handler ran for one key.
+//!
+//! A test that claims "every charge exactly once" should run with the
+//! ledger's dedupe off: with it on, `duplicate_effects` is 0 by construction.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -101,7 +110,10 @@ pub use faults::{
 pub use ledger::{Charge, ChargeRequest, ChargeRequestError, MAX_KEY_LEN, MAX_REFERENCE_LEN};
 pub use routes::{ChargesRoute, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, router, router_with};
 pub use state::SimState;
-pub use stats::{BUCKET, Injected, Stats, TimelineBucket};
+pub use stats::{
+    BUCKET, Injected, REQUEST_LOG_CAPACITY, ReplayedBy, RequestPage, RequestRecord, Stats,
+    TimelineBucket,
+};
 
 /// How long [`RunningSim::shutdown`] waits for open connections to finish.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -139,11 +151,13 @@ impl PspSim {
 ///
 /// # Default
 /// [`Faults::none()`], a random seed (reported in [`Stats::seed`]), the
-/// ledger's dedupe on, nothing in front of the ledger.
+/// ledger's dedupe on, nothing in front of the ledger, a request log of
+/// [`REQUEST_LOG_CAPACITY`] requests.
 pub struct PspSimBuilder {
     faults: Faults,
     seed: Option<u64>,
     ledger_dedupe: bool,
+    log_capacity: usize,
     wrap: Option<routes::Wrap>,
 }
 
@@ -153,6 +167,7 @@ impl std::fmt::Debug for PspSimBuilder {
             .field("faults", &self.faults)
             .field("seed", &self.seed)
             .field("ledger_dedupe", &self.ledger_dedupe)
+            .field("request_log_capacity", &self.log_capacity)
             .field("charges_layer", &self.wrap.is_some())
             .finish()
     }
@@ -171,6 +186,7 @@ impl PspSimBuilder {
             faults: Faults::none(),
             seed: None,
             ledger_dedupe: true,
+            log_capacity: REQUEST_LOG_CAPACITY,
             wrap: None,
         }
     }
@@ -192,6 +208,14 @@ impl PspSimBuilder {
     /// [`PspSimBuilder::charges_layer`] keeps `duplicate_effects` at zero.
     pub fn ledger_dedupe(mut self, on: bool) -> Self {
         self.ledger_dedupe = on;
+        self
+    }
+
+    /// How many requests the request log keeps before it drops the oldest
+    /// (default [`REQUEST_LOG_CAPACITY`]). A finite run that must check every
+    /// request (the demo) sets it above the requests it can make.
+    pub fn request_log_capacity(mut self, n: usize) -> Self {
+        self.log_capacity = n;
         self
     }
 
@@ -231,7 +255,7 @@ impl PspSimBuilder {
         if self.seed.is_some() {
             faults.seed = self.seed;
         }
-        let state = SimState::new(faults, self.ledger_dedupe)?;
+        let state = SimState::with_log_capacity(faults, self.ledger_dedupe, self.log_capacity)?;
         let wrap = self.wrap.unwrap_or_else(|| Box::new(|r| r));
         let router = routes::build(state.clone(), wrap);
         Ok((state, router))
@@ -305,6 +329,11 @@ impl RunningSim {
     /// A snapshot of the counters (what `GET /_sim/stats` returns).
     pub fn stats(&self) -> Stats {
         self.state.stats()
+    }
+
+    /// The whole request log; see [`SimState::requests`].
+    pub fn request_log(&self) -> Vec<RequestRecord> {
+        self.state.request_log()
     }
 
     /// The faults in force.

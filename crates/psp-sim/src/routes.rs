@@ -75,6 +75,7 @@ pub(crate) fn build(state: SimState, wrap: Wrap) -> Router {
     let control = Router::new()
         .route("/_sim/faults", get(get_faults).post(post_faults))
         .route("/_sim/stats", get(get_stats))
+        .route("/_sim/requests", get(get_requests))
         .route("/_sim/reset", post(post_reset));
     v1.merge(control).fallback(not_found).with_state(state)
 }
@@ -154,18 +155,31 @@ async fn faults_mw(State(sim): State<SimState>, req: Request, next: Next) -> Res
     } else {
         None
     };
-    let (arrived, faults, verdict) = sim.arrive(charge_key.as_deref());
+    let (method, path) = (req.method().to_string(), req.uri().path().to_owned());
+    let (arrival, faults, verdict) = sim.arrive(&method, &path, charge_key);
     let (resp, note) = match verdict {
         Verdict::Pass => {
             let resp = next.run(req).await;
-            let note = resp.extensions().get::<Note>().copied().unwrap_or_default();
+            let note = match resp.extensions().get::<Note>().copied() {
+                Some(n) => n,
+                // A stored response replayed by a layer in front of the ledger: it carries
+                // the replay marker but none of the handler's notes.
+                None if resp
+                    .headers()
+                    .get(IDEMPOTENT_REPLAYED)
+                    .is_some_and(|v| v == "true") =>
+                {
+                    Note::LayerReplay
+                }
+                None => Note::Plain,
+            };
             (resp, note)
         }
         Verdict::Outage => (outage(&faults).into_response(), Note::Outage),
         Verdict::RateLimited => (rate_limited(&faults).into_response(), Note::RateLimited),
         Verdict::Error(s) => (server_error(s).into_response(), Note::Error),
     };
-    sim.record(arrived, resp.status().as_u16(), note);
+    sim.record(arrival, resp.status().as_u16(), note);
     if resp.extensions().get::<Committed>().is_some() && sim.roll_timeout_after_commit() {
         sim.sleep(faults.timeout_delay).await;
     }
@@ -230,6 +244,7 @@ async fn create_charge(State(sim): State<SimState>, headers: HeaderMap, body: By
         Ok(k) => k,
         Err(p) => return p.into_response(),
     };
+    sim.executed(&key);
     let request = match ChargeRequest::parse(&body) {
         Ok(r) => r,
         Err(ChargeRequestError::Malformed { reason }) => {
@@ -362,6 +377,52 @@ async fn post_faults(State(sim): State<SimState>, body: Bytes) -> Response {
 
 async fn get_stats(State(sim): State<SimState>) -> Response {
     Json(sim.stats()).into_response()
+}
+
+/// Default page size of `GET /_sim/requests`.
+const REQUESTS_PAGE: usize = 1_000;
+/// Largest page size of `GET /_sim/requests`.
+const REQUESTS_PAGE_MAX: usize = 10_000;
+
+async fn get_requests(
+    State(sim): State<SimState>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let bad = |field: &str, detail: String| {
+        Problem::new(StatusCode::BAD_REQUEST, "Bad Request", detail)
+            .field(field)
+            .into_response()
+    };
+    if let Some(k) = q.keys().find(|k| *k != "after" && *k != "limit") {
+        return bad(
+            k,
+            format!("unknown query parameter {k:?}: known are after, limit"),
+        );
+    }
+    let after = match q.get("after").map(|v| v.parse::<u64>()) {
+        None => 0,
+        Some(Ok(n)) => n,
+        Some(Err(_)) => {
+            return bad(
+                "after",
+                format!("after={:?} is not a request number", q["after"]),
+            );
+        }
+    };
+    let limit = match q.get("limit").map(|v| v.parse::<usize>()) {
+        None => REQUESTS_PAGE,
+        Some(Ok(n)) if (1..=REQUESTS_PAGE_MAX).contains(&n) => n,
+        Some(_) => {
+            return bad(
+                "limit",
+                format!(
+                    "limit={:?} must be a whole number from 1 to {REQUESTS_PAGE_MAX}",
+                    q["limit"]
+                ),
+            );
+        }
+    };
+    Json(sim.requests(after, limit)).into_response()
 }
 
 async fn post_reset(State(sim): State<SimState>) -> Response {

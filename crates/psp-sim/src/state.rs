@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use crate::faults::{FaultEngine, Faults, FaultsError, Verdict};
 use crate::ledger::{Begin, Charge, ChargeRequest, InFlight, Ledger};
-use crate::stats::{Note, Recorder, Stats};
+use crate::stats::{Arrival, Note, Recorder, RequestPage, RequestRecord, Stats};
 
 /// The simulator's state: cheap to clone (an `Arc`), shared by every handler.
 ///
@@ -55,6 +55,18 @@ impl SimState {
     /// # Errors
     /// [`FaultsError`] naming the first invalid fault field.
     pub fn new(faults: Faults, ledger_dedupe: bool) -> Result<SimState, FaultsError> {
+        SimState::with_log_capacity(faults, ledger_dedupe, crate::REQUEST_LOG_CAPACITY)
+    }
+
+    /// [`SimState::new`] with a request log of `log_capacity` requests.
+    ///
+    /// # Errors
+    /// [`FaultsError`] naming the first invalid fault field.
+    pub fn with_log_capacity(
+        faults: Faults,
+        ledger_dedupe: bool,
+        log_capacity: usize,
+    ) -> Result<SimState, FaultsError> {
         faults.validate()?;
         let seed = faults.seed.unwrap_or_else(rand::random);
         let faults = faults.resolved(Duration::ZERO);
@@ -65,7 +77,7 @@ impl SimState {
                     start: Instant::now(),
                     engine: FaultEngine::new(faults, seed, Duration::ZERO),
                     ledger: Ledger::new(ledger_dedupe),
-                    rec: Recorder::default(),
+                    rec: Recorder::new(log_capacity),
                 }),
                 shutdown,
             }),
@@ -114,7 +126,7 @@ impl SimState {
         core.start = Instant::now();
         core.engine = FaultEngine::new(faults, seed, Duration::ZERO);
         core.ledger.clear();
-        core.rec = Recorder::default();
+        core.rec = Recorder::new(core.rec.capacity());
     }
 
     /// A snapshot of the counters.
@@ -125,8 +137,22 @@ impl SimState {
             seed: core.engine.seed(),
             charges: core.ledger.charges(),
             duplicate_effects: core.ledger.duplicate_effects(),
+            effects_max_per_key: core.ledger.effects_max_per_key(),
+            ledger_dedupe: core.ledger.dedupe(),
             ..core.rec.snapshot()
         }
+    }
+
+    /// One page of the request log: the requests with `seq > after` (all with `after` 0),
+    /// at most `limit`, oldest first. The log holds the last
+    /// [`crate::REQUEST_LOG_CAPACITY`] requests since the start (or the last reset).
+    pub fn requests(&self, after: u64, limit: usize) -> RequestPage {
+        self.core().rec.requests(after, limit)
+    }
+
+    /// The whole request log (see [`SimState::requests`]).
+    pub fn request_log(&self) -> Vec<RequestRecord> {
+        self.core().rec.requests(0, usize::MAX).requests
     }
 
     /// The charge made for an idempotency key, if any (the first one, when
@@ -162,21 +188,40 @@ impl SimState {
         }
     }
 
-    /// A `/v1` request arrives: the arrival time, the faults in force and
-    /// what they decide.
-    pub(crate) fn arrive(&self, charge_key: Option<&str>) -> (Duration, Faults, Verdict) {
+    /// A `/v1` request arrives: the arrival (both clocks), the faults in
+    /// force and what they decide.
+    pub(crate) fn arrive(
+        &self,
+        method: &str,
+        path: &str,
+        charge_key: Option<String>,
+    ) -> (Arrival, Faults, Verdict) {
         let mut core = self.core();
         let now = core.elapsed();
-        if let Some(k) = charge_key {
+        // Read under the lock, so that the wall clock and the elapsed time agree in order.
+        let at = chrono::Utc::now();
+        if let Some(k) = &charge_key {
             core.rec.key(k);
         }
         let verdict = core.engine.decide(now);
-        (now, core.engine.faults().clone(), verdict)
+        let arrival = Arrival {
+            elapsed: now,
+            at,
+            method: method.to_owned(),
+            path: path.to_owned(),
+            key: charge_key,
+        };
+        (arrival, core.engine.faults().clone(), verdict)
     }
 
-    /// Counts an answered request.
-    pub(crate) fn record(&self, arrived: Duration, status: u16, note: Note) {
-        self.core().rec.request(arrived, status, note);
+    /// Counts an answered request and logs it.
+    pub(crate) fn record(&self, arrival: Arrival, status: u16, note: Note) {
+        self.core().rec.answered(arrival, status, note);
+    }
+
+    /// Counts one run of the charge handler for `key`.
+    pub(crate) fn executed(&self, key: &str) {
+        self.core().rec.executed(key);
     }
 
     /// Whether a charge just made gets its answer held back (counted if so).

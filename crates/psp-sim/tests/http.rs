@@ -702,3 +702,157 @@ async fn the_idempotency_layer_alone_keeps_one_key_to_one_charge() {
     assert_eq!(s.duplicate_effects, 0);
     sim.shutdown().await;
 }
+
+/// With the ledger's dedupe off and no layer in front, a repeat is a second charge: the
+/// negative control of every exactly-once check that reads `duplicate_effects` and
+/// `effects_max_per_key`.
+#[tokio::test]
+async fn without_the_layer_and_the_ledger_dedupe_a_repeat_is_a_second_charge() {
+    let sim = PspSim::builder()
+        .ledger_dedupe(false)
+        .start("127.0.0.1:0")
+        .await
+        .unwrap();
+    let c = Client::new();
+    for _ in 0..2 {
+        charge(&c, &sim, "k", eur(5)).await;
+    }
+    let s = sim.stats();
+    assert!(!s.ledger_dedupe);
+    assert_eq!((s.charges, s.duplicate_effects), (2, 1));
+    assert_eq!((s.effects_max_per_key, s.executions_max_per_key), (2, 2));
+    assert_eq!((s.replays, s.layer_replays), (0, 0));
+    sim.shutdown().await;
+}
+
+/// Behind the idempotency layer with the ledger's dedupe off, a repeat is the layer's
+/// replay: counted in `layer_replays`, the handler not run again.
+#[tokio::test]
+async fn the_layers_replays_and_the_handlers_runs_are_counted() {
+    let sim = PspSim::builder()
+        .ledger_dedupe(false)
+        .with_idempotency_layer()
+        .start("127.0.0.1:0")
+        .await
+        .unwrap();
+    let c = Client::new();
+    assert_eq!(
+        charge(&c, &sim, "k", eur(5)).await.status(),
+        StatusCode::CREATED
+    );
+    for _ in 0..3 {
+        let r = charge(&c, &sim, "k", eur(5)).await;
+        assert_eq!(r.headers()["idempotent-replayed"], "true");
+    }
+    charge(&c, &sim, "j", eur(5)).await;
+    let s = sim.stats();
+    assert_eq!(
+        (s.charges, s.duplicate_effects, s.effects_max_per_key),
+        (2, 0, 1)
+    );
+    assert_eq!((s.layer_replays, s.replays), (3, 0));
+    assert_eq!(s.executions_max_per_key, 1);
+    let v: Value = Client::new()
+        .get(format!("{}/_sim/stats", sim.url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["layer_replays"], 3);
+    assert_eq!(v["executions_max_per_key"], 1);
+    assert_eq!(v["effects_max_per_key"], 1);
+    assert_eq!(v["ledger_dedupe"], false);
+    let log = sim.request_log();
+    let replayed: Vec<_> = log.iter().map(|r| r.replayed_by).collect();
+    use redrive_psp_sim::ReplayedBy::Layer;
+    assert_eq!(
+        replayed,
+        [None, Some(Layer), Some(Layer), Some(Layer), None]
+    );
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_request_log_has_each_arrival_in_utc_and_pages_over_http() {
+    let sim = start(Faults {
+        outage: Some(Outage::new(
+            Duration::from_secs(3600),
+            Duration::from_secs(1),
+        )),
+        ..Faults::none()
+    })
+    .await;
+    let c = Client::new();
+    let before = chrono::Utc::now();
+    charge(&c, &sim, "a", eur(1)).await;
+    let between = chrono::Utc::now();
+    charge(&c, &sim, "b", eur(0)).await;
+    c.get(format!("{}/v1/charges?key=a", sim.url()))
+        .send()
+        .await
+        .unwrap();
+    let after = chrono::Utc::now();
+    let get = |q: &str| {
+        let (c, url) = (c.clone(), format!("{}/_sim/requests{q}", sim.url()));
+        async move { c.get(url).send().await.unwrap() }
+    };
+    let page: Value = get("").await.json().await.unwrap();
+    let rs = page["requests"].as_array().unwrap();
+    assert_eq!(rs.len(), 3, "{page}");
+    assert_eq!(page["next"], Value::Null);
+    assert_eq!(page["dropped"], 0);
+    let at = |i: usize| {
+        chrono::DateTime::parse_from_rfc3339(rs[i]["at"].as_str().unwrap())
+            .unwrap()
+            .with_timezone(&chrono::Utc)
+    };
+    assert!(before <= at(0) && at(0) <= between, "{page}");
+    assert!(
+        between <= at(1) && at(1) <= at(2) && at(2) <= after,
+        "{page}"
+    );
+    assert_eq!(
+        (
+            &rs[0]["seq"],
+            &rs[0]["method"],
+            &rs[0]["path"],
+            &rs[0]["key"],
+            &rs[0]["status"]
+        ),
+        (
+            &json!(1),
+            &json!("POST"),
+            &json!("/v1/charges"),
+            &json!("a"),
+            &json!(201)
+        )
+    );
+    assert_eq!(rs[1]["status"], 422);
+    assert_eq!(
+        (&rs[2]["method"], &rs[2]["path"]),
+        (&json!("GET"), &json!("/v1/charges"))
+    );
+    assert!(
+        rs[2].get("key").is_none(),
+        "only charges carry a key: {page}"
+    );
+    assert!(rs[0]["t_us"].as_u64().unwrap() <= rs[1]["t_us"].as_u64().unwrap());
+    // Paging: one at a time, by the `next` cursor.
+    let p1: Value = get("?limit=2").await.json().await.unwrap();
+    assert_eq!(p1["requests"].as_array().unwrap().len(), 2);
+    assert_eq!(p1["next"], 2);
+    let p2: Value = get("?after=2&limit=2").await.json().await.unwrap();
+    assert_eq!(p2["requests"][0]["seq"], 3);
+    assert_eq!(p2["next"], Value::Null);
+    // The control routes are not logged, and bad parameters are named.
+    assert_eq!(sim.request_log().len(), 3);
+    problem(get("?limit=0").await, StatusCode::BAD_REQUEST, "limit").await;
+    problem(get("?limit=10001").await, StatusCode::BAD_REQUEST, "limit").await;
+    problem(get("?after=x").await, StatusCode::BAD_REQUEST, "after").await;
+    problem(get("?since=1").await, StatusCode::BAD_REQUEST, "since").await;
+    sim.reset();
+    assert!(sim.request_log().is_empty());
+    sim.shutdown().await;
+}

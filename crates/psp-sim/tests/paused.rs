@@ -189,3 +189,38 @@ async fn reset_replays_the_same_faults_for_the_same_requests() {
     assert!(first.contains(&StatusCode::CREATED));
     assert!(first.iter().any(|s| s.is_server_error()));
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_request_log_has_each_arrival_to_the_microsecond() {
+    let (state, router) = sim(Faults {
+        outage: Some(Outage::new(ms(1000), ms(500))),
+        latency: ms(30),
+        ..Faults::none()
+    });
+    assert_eq!(charge(&router, "a").await.0, StatusCode::CREATED);
+    advance(ms(1000)).await;
+    assert_eq!(
+        charge(&router, "b").await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    // b was answered at 1,060 ms: c arrives 1 µs before the outage's end.
+    advance(Duration::from_micros(439_999)).await;
+    assert_eq!(
+        charge(&router, "c").await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    let log = state.request_log();
+    let got: Vec<_> = log
+        .iter()
+        .map(|r| (r.seq, r.t_us, r.key.as_deref().unwrap(), r.status))
+        .collect();
+    // Arrivals, not answers: each answer came 30 ms later.
+    assert_eq!(
+        got,
+        [
+            (1, 0, "a", 201),
+            (2, 1_030_000, "b", 503),
+            (3, 1_499_999, "c", 503)
+        ]
+    );
+}

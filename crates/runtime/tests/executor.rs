@@ -108,12 +108,13 @@ async fn transient_failures_are_retried_in_process_with_the_same_key() {
         a[0].delay_ms.unwrap() <= 200,
         "payment: full jitter under 200 ms first"
     );
-    assert!(
-        h.keys
-            .lock()
-            .unwrap()
-            .iter()
-            .all(|k| k.as_deref() == Some("order-1")),
+    assert_eq!(
+        *h.keys.lock().unwrap(),
+        [
+            Some("order-1".to_owned()),
+            Some("order-1".to_owned()),
+            Some("order-1".to_owned())
+        ],
         "one key on every attempt"
     );
 }

@@ -44,7 +44,7 @@ fn free_port() -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_a_dead_job_from_the_dashboard() {
-    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+    let ci = redrive_testkit::ci();
     let chromium = on_path(&["chromium", "chromium-browser"]);
     let driver_bin = on_path(&["chromedriver"]);
     let (Some(chromium), Some(driver_bin)) = (chromium, driver_bin) else {

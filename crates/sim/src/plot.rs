@@ -298,6 +298,9 @@ pub struct LoadChart {
     pub open: Vec<(f64, f64)>,
     /// The PSP's outage window (start, end) in seconds, marked, if any.
     pub outage: Option<(f64, f64)>,
+    /// The PSP's rate limit in requests per 100 ms (its limit per second / 10), drawn as a
+    /// horizontal line, if it has one.
+    pub limit: Option<f64>,
 }
 
 /// Draws a [`LoadChart`] to `path` (`.svg` or `.png`).
@@ -325,6 +328,7 @@ fn draw_load<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, c: &LoadChart) -
         .max()
         .unwrap_or(1)
         .max(1) as f64;
+    let top = c.limit.map_or(top, |l| top.max(l));
     let mut chart = ChartBuilder::on(root)
         .caption(&c.title, ("sans-serif", 20))
         .margin(12)
@@ -356,6 +360,18 @@ fn draw_load<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, c: &LoadChart) -
             )])?
             .label("PSP outage")
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], mark.stroke_width(3)));
+    }
+    if let Some(l) = c.limit {
+        let line = RGBColor(60, 90, 200);
+        chart
+            .draw_series(DashedLineSeries::new(
+                [(0.0, l), (x_max, l)],
+                8,
+                5,
+                line.stroke_width(2),
+            ))?
+            .label(format!("rate limit ({l} per 100 ms)"))
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], line.stroke_width(2)));
     }
     let series: [(&str, &[u64], RGBColor); 3] = [
         ("2xx", &c.ok, RGBColor(40, 150, 70)),

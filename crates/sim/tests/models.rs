@@ -243,3 +243,35 @@ fn bad_inputs_are_refused_with_their_name() {
         .to_string();
     assert!(e.contains("capacity"), "{e}");
 }
+
+/// The demo's load chart draws the PSP's rate limit as a line, and leaves it out when there
+/// is none.
+#[test]
+fn the_load_chart_draws_the_rate_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let chart = redrive_sim::LoadChart {
+        title: "load".into(),
+        ok: vec![3, 8, 12, 6],
+        limited: vec![0, 0, 4, 1],
+        failed: vec![1, 0, 0, 2],
+        open: vec![(0.1, 0.2)],
+        outage: Some((0.0, 0.2)),
+        limit: Some(8.0),
+    };
+    let with = dir.path().join("with.svg");
+    redrive_sim::plot_load(&chart, &with).unwrap();
+    let svg = std::fs::read_to_string(&with).unwrap();
+    assert!(svg.contains("rate limit (8 per 100 ms)"), "{svg}");
+    let without = dir.path().join("without.svg");
+    redrive_sim::plot_load(
+        &redrive_sim::LoadChart {
+            limit: None,
+            ..chart
+        },
+        &without,
+    )
+    .unwrap();
+    let svg = std::fs::read_to_string(&without).unwrap();
+    assert!(!svg.contains("rate limit"), "{svg}");
+    assert!(svg.contains("breaker open"), "{svg}");
+}

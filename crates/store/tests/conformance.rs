@@ -1,7 +1,8 @@
 //! One conformance suite, run against both backends: every test below exists twice, as
 //! `sqlite::NAME` and `postgres::NAME`. The PostgreSQL run uses `REDRIVE_TEST_POSTGRES_URL`
-//! (default `postgres://postgres@127.0.0.1:5432/test`), one fresh schema per test; it fails,
-//! not skips, when `CI=true` and the server is unreachable.
+//! (default `postgres://postgres@127.0.0.1:5432/test`), one fresh schema per test. It skips
+//! only when the server is unreachable (refused or timed out) and `CI` is not `true` or `1`;
+//! any other connection or migration error fails (see `redrive-testkit`).
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,8 +41,7 @@ async fn sqlite() -> Option<Harness> {
 static SEQ: AtomicU64 = AtomicU64::new(0);
 
 async fn postgres() -> Option<Harness> {
-    let url = std::env::var("REDRIVE_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let url = redrive_testkit::postgres_url();
     let schema = format!(
         "rdt_{}_{}_{}",
         std::process::id(),
@@ -54,10 +54,8 @@ async fn postgres() -> Option<Harness> {
             _dir: None,
         }),
         Err(e) => {
-            if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
-                panic!("PostgreSQL at {url} is unreachable and CI=true: {e}");
-            }
-            eprintln!("skipping: PostgreSQL at {url} is unreachable: {e}");
+            // Skips only when the server is unreachable and CI is not set; fails otherwise.
+            redrive_testkit::skip_or_fail(&url, &e);
             None
         }
     }

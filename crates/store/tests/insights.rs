@@ -35,8 +35,7 @@ async fn sqlite() -> Option<Harness> {
 static SEQ: AtomicU64 = AtomicU64::new(0);
 
 async fn postgres() -> Option<Harness> {
-    let url = std::env::var("REDRIVE_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let url = redrive_testkit::postgres_url();
     let schema = format!(
         "rdi_{}_{}_{}",
         std::process::id(),
@@ -49,10 +48,8 @@ async fn postgres() -> Option<Harness> {
             _dir: None,
         }),
         Err(e) => {
-            if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
-                panic!("PostgreSQL at {url} is unreachable and CI=true: {e}");
-            }
-            eprintln!("skipping: PostgreSQL at {url} is unreachable: {e}");
+            // Skips only when the server is unreachable and CI is not set; fails otherwise.
+            redrive_testkit::skip_or_fail(&url, &e);
             None
         }
     }

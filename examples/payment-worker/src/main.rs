@@ -9,7 +9,10 @@
 //!   too.
 //!
 //! `cargo run -p payment-worker` runs it against an in-process PSP simulator that loses 30% of
-//! its answers after charging. It prints the charges made: one per payment.
+//! its answers after charging, and whose ledger does not refuse a second charge by itself. It
+//! prints the charges made: one per payment. Its tests also run it without the PSP's
+//! idempotency layer (the status query alone keeps one charge per payment) and, as the
+//! negative control, with blind repeats as well (then payments are charged twice).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +38,9 @@ struct ChargeHandler {
     client: reqwest::Client,
     base: String,
     status: StatusTable,
+    /// Ask the PSP after a timeout (the safe way). Off only in the test that shows what
+    /// repeating blindly does.
+    query_after_timeout: bool,
 }
 
 impl ChargeHandler {
@@ -46,6 +52,7 @@ impl ChargeHandler {
                 .expect("a TLS-free client builds"),
             base,
             status: StatusTable::default(),
+            query_after_timeout: true,
         }
     }
 
@@ -81,7 +88,9 @@ impl ChargeHandler {
             }
             // Sent, no answer: it may have charged. Not safe to repeat blindly.
             Err(e) if e.is_timeout() => Attempted::failure(
-                Outcome::Timeout { idempotent: false },
+                Outcome::Timeout {
+                    idempotent: !self.query_after_timeout,
+                },
                 "PSP did not answer in 500 ms",
             ),
             Err(e) => Attempted::failure(
@@ -123,6 +132,9 @@ impl Handler for ChargeHandler {
     }
 
     fn query_status(&self, ctx: JobContext) -> Option<BoxFuture<'static, StatusAnswer>> {
+        if !self.query_after_timeout {
+            return None;
+        }
         let key = ctx.key?;
         Some(Box::pin(self.clone().status_of(key)))
     }
@@ -149,9 +161,34 @@ fn policies() -> anyhow::Result<(PolicySet, RetryPolicy)> {
     Ok((set, policy))
 }
 
-/// Runs `n` charges against an in-process simulator; returns (succeeded, charges made).
-async fn run(n: u64) -> anyhow::Result<(u64, u64)> {
-    let sim = PspSim::builder()
+/// What [`run`] saw: payments that succeeded, and the PSP's charges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seen {
+    succeeded: u64,
+    charges: u64,
+    /// Charges made more than once for one key (the ledger's effects per key).
+    duplicates: u64,
+}
+
+/// How [`run`] sets the scene. The simulator's ledger never refuses a second charge itself
+/// (as a real PSP's ledger would not): what keeps a payment from being charged twice is the
+/// PSP's idempotency layer and this handler's status query.
+#[derive(Debug, Clone, Copy)]
+struct Scene {
+    /// The simulator's idempotency layer in front of its charges.
+    psp_layer: bool,
+    /// The handler asks the PSP after a timeout instead of repeating.
+    query_after_timeout: bool,
+}
+
+const SAFE: Scene = Scene {
+    psp_layer: true,
+    query_after_timeout: true,
+};
+
+/// Runs `n` charges against an in-process simulator.
+async fn run(n: u64, scene: Scene) -> anyhow::Result<Seen> {
+    let mut sim = PspSim::builder()
         .faults(Faults {
             error_rate: 0.1,
             timeout_after_commit: 0.3,
@@ -159,9 +196,11 @@ async fn run(n: u64) -> anyhow::Result<(u64, u64)> {
             seed: Some(7),
             ..Faults::none()
         })
-        .with_idempotency_layer()
-        .start("127.0.0.1:0")
-        .await?;
+        .ledger_dedupe(false);
+    if scene.psp_layer {
+        sim = sim.with_idempotency_layer();
+    }
+    let sim = sim.start("127.0.0.1:0").await?;
     let dir = tempfile::tempdir()?;
     let store = Store::connect(&format!("sqlite:{}", dir.path().join("pay.db").display())).await?;
     let (set, policy) = policies()?;
@@ -179,7 +218,13 @@ async fn run(n: u64) -> anyhow::Result<(u64, u64)> {
         .collect();
     store.enqueue_many(&jobs, chrono::Utc::now()).await?;
     let worker = Worker::builder(store.clone(), vec!["payments".into()])
-        .handler("charge", Arc::new(ChargeHandler::new(sim.url())))
+        .handler(
+            "charge",
+            Arc::new(ChargeHandler {
+                query_after_timeout: scene.query_after_timeout,
+                ..ChargeHandler::new(sim.url())
+            }),
+        )
         .policies(set)
         .concurrency(8)
         .build();
@@ -192,7 +237,7 @@ async fn run(n: u64) -> anyhow::Result<(u64, u64)> {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let charges = sim.stats().charges;
+    let stats = sim.stats();
     sim.shutdown().await;
     for j in store
         .list(&redrive_store::ListParams {
@@ -209,15 +254,22 @@ async fn run(n: u64) -> anyhow::Result<(u64, u64)> {
             j.last_error.unwrap_or_default()
         );
     }
-    Ok((succeeded, charges))
+    Ok(Seen {
+        succeeded,
+        charges: stats.charges,
+        duplicates: stats.duplicate_effects,
+    })
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let (succeeded, charges) = run(50).await?;
-    println!("{succeeded} payments succeeded; the PSP made {charges} charges");
+    let seen = run(50, SAFE).await?;
+    println!(
+        "{} payments succeeded; the PSP made {} charges ({} twice for one key)",
+        seen.succeeded, seen.charges, seen.duplicates
+    );
     anyhow::ensure!(
-        succeeded == 50 && charges == 50,
+        seen.succeeded == 50 && seen.charges == 50 && seen.duplicates == 0,
         "not one charge per payment"
     );
     Ok(())
@@ -225,9 +277,40 @@ async fn main() -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    const ONCE_EACH: Seen = Seen {
+        succeeded: 30,
+        charges: 30,
+        duplicates: 0,
+    };
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_payment_is_charged_once_even_when_answers_are_lost() {
-        let (succeeded, charges) = super::run(30).await.unwrap();
-        assert_eq!((succeeded, charges), (30, 30));
+        assert_eq!(run(30, SAFE).await.unwrap(), ONCE_EACH);
+    }
+
+    /// The status query alone (no idempotency layer at the PSP) still charges each payment
+    /// once: after a lost answer the handler asks instead of repeating.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_status_query_alone_keeps_one_charge_per_payment() {
+        let scene = Scene {
+            psp_layer: false,
+            query_after_timeout: true,
+        };
+        assert_eq!(run(30, scene).await.unwrap(), ONCE_EACH);
+    }
+
+    /// The negative control: without the PSP's layer and with blind repeats after a lost
+    /// answer, payments are charged twice, and the check above sees it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn exactly_once_check_catches_a_double_charge_without_layer_or_status_query() {
+        let scene = Scene {
+            psp_layer: false,
+            query_after_timeout: false,
+        };
+        let seen = run(30, scene).await.unwrap();
+        assert_ne!(seen, ONCE_EACH);
+        assert!(seen.duplicates > 0 && seen.charges > 30, "{seen:?}");
     }
 }

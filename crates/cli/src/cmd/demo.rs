@@ -3,7 +3,16 @@
 //! idempotency key), runs the workers through a bad day at the PSP — 20% 5xx, a rate limit
 //! with `Retry-After`, a 5-second outage, 5% of charges whose answer is lost after the charge
 //! was made — shows progress with the live breaker state, then prints what happened and draws
-//! the PSP's load over time with the open-breaker windows shaded.
+//! the PSP's load over time with the open-breaker windows shaded and the rate limit drawn.
+//!
+//! The simulator's ledger runs with its own dedupe off, as a real PSP's would: only the
+//! idempotency layer in front of it (and the stable key of each job) keeps a repeated charge
+//! from being made twice, so "every charge exactly once" is read from the ledger's effects per
+//! key and can fail (`--no-sim-idempotency-layer` shows it failing). The claims are computed
+//! in [`measure`] from the simulator's request log and the store's breaker transitions.
+
+mod measure;
+mod published;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -35,8 +44,8 @@ struct Report {
     charges_enqueued: u64,
     concurrency: usize,
     scenario: serde_json::Value,
-    /// Whether the simulator's charges ran behind its idempotency layer (always on the bad
-    /// day; with `--no-faults` only when `--sim-idempotency-layer` is given).
+    /// Whether the simulator's charges ran behind its idempotency layer (on the bad day unless
+    /// `--no-sim-idempotency-layer`; with `--no-faults` only when `--sim-idempotency-layer`).
     sim_idempotency_layer: bool,
     seconds: f64,
     jobs_per_s: f64,
@@ -46,14 +55,23 @@ struct Report {
     retries_in_process: u64,
     defers: u64,
     breaker_transitions: Vec<Transition>,
-    /// PSP requests that arrived while the breaker was open (100 ms slices wholly inside an
-    /// open window).
+    /// PSP requests let through while the breaker was open (must be 0): every request of the
+    /// simulator's log, by the attempt that sent it, against the transitions from the moment
+    /// each was written (see [`measure::breaker_counts`] for the boundary).
     requests_while_open: u64,
+    /// PSP requests let through while the breaker was half-open: the probes.
+    probes_sent: u64,
     /// Attempts that followed a 429 sooner than its `Retry-After` (must be 0).
     retries_before_retry_after: u64,
     psp: Psp,
-    /// Every charge made once: charges = succeeded = distinct keys, no duplicate effect.
+    /// How hard the PSP was pushed against its rate limit.
+    psp_load: measure::PspLoad,
+    /// Every charge made once, read from the ledger with its own dedupe off (see
+    /// [`measure::exactly_once`]).
     exactly_once: bool,
+    /// Why not, when `exactly_once` is false.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    not_exactly_once: Vec<String>,
     charts: Vec<String>,
 }
 
@@ -71,8 +89,27 @@ struct Psp {
     requests_by_status: BTreeMap<u16, u64>,
     charges: u64,
     distinct_keys: u64,
+    /// Charges made more than once for one key, from the ledger's effects per key.
     duplicate_effects: u64,
+    /// The most charges made for one key.
+    effects_max_per_key: u64,
+    /// The most times the charge handler ran for one key.
+    executions_max_per_key: u64,
+    /// Answers replayed by the ledger's own dedupe (0: it is off).
     replays: u64,
+    /// Answers replayed by the idempotency layer in front of the ledger.
+    layer_replays: u64,
+    /// Whether the ledger's own dedupe was on (never in the demo).
+    ledger_dedupe: bool,
+}
+
+/// Whether the simulator runs its idempotency layer in front of the charges.
+fn layer_on(a: &DemoArgs) -> bool {
+    if a.no_faults {
+        a.sim_idempotency_layer
+    } else {
+        !a.no_sim_idempotency_layer
+    }
 }
 
 pub(crate) fn run(_global: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
@@ -81,12 +118,17 @@ pub(crate) fn run(_global: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
         let db = format!("sqlite:{}", dir.path().join("demo.db").display());
         let store = Store::connect(&db).await?;
         let faults = scenario(&a);
-        // The bad day needs the simulator's idempotency layer (a lost answer is replayed to
-        // the retry). A healthy PSP never loses one, and its ledger still refuses a second
-        // charge for a key, so `--no-faults` leaves the layer out and measures redrive, unless
-        // `--sim-idempotency-layer` asks for it.
-        let mut sim = PspSim::builder().faults(faults.clone());
-        if !a.no_faults || a.sim_idempotency_layer {
+        // The ledger's own dedupe is off, as at a real PSP: only the idempotency layer in
+        // front of it stops a repeat from charging again, and a double charge shows in its
+        // effects per key. The bad day needs the layer (a lost answer is replayed to the
+        // retry). A healthy PSP never loses an answer, so `--no-faults` leaves the layer out
+        // and measures redrive alone, unless `--sim-idempotency-layer` asks for it. The
+        // request log keeps every request of the run (the checks read all of them).
+        let mut sim = PspSim::builder()
+            .faults(faults.clone())
+            .ledger_dedupe(false)
+            .request_log_capacity(usize::MAX);
+        if layer_on(&a) {
             sim = sim.with_idempotency_layer();
         }
         let sim = sim
@@ -132,6 +174,13 @@ pub(crate) fn run(_global: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
             }
         }
 
+        // When each breaker transition was written (the store keeps when it was decided).
+        let transitions = published::Log::install();
+        if transitions.is_none() {
+            eprintln!(
+                "note: a metrics recorder is already installed; breaker transitions are taken at their stored times"
+            );
+        }
         let worker = Worker::builder(store.clone(), vec![QUEUE.into()])
             .handler("http", Arc::new(HttpJob::default()))
             .policies(set)
@@ -213,7 +262,19 @@ pub(crate) fn run(_global: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
         running.await.context("the worker task")??;
         bar.finish_and_clear();
         let stats = sim.stats();
-        let report = report(&store, &a, &faults, t0, seconds, &stats).await?;
+        let log = sim.request_log();
+        let published = transitions
+            .as_ref()
+            .map(published::Log::snapshot)
+            .unwrap_or_default();
+        let run = Run {
+            t0,
+            seconds,
+            stats: &stats,
+            log: &log,
+            published: &published,
+        };
+        let report = report(&store, &a, &faults, &run).await?;
         sim.shutdown().await;
 
         if a.json {
@@ -226,10 +287,8 @@ pub(crate) fn run(_global: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
         }
         if !report.exactly_once || report.succeeded != n {
             anyhow::bail!(
-                "not every charge was made exactly once: {} succeeded, {} charges, {} duplicate effects",
-                report.succeeded,
-                report.psp.charges,
-                report.psp.duplicate_effects
+                "not every charge was made exactly once: {}",
+                report.not_exactly_once.join("; ")
             );
         }
         if a.serve {
@@ -255,18 +314,37 @@ pub(crate) fn run(_global: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// What the run left to measure, besides the store.
+struct Run<'a> {
+    /// When the simulator's clock (re)started.
+    t0: chrono::DateTime<Utc>,
+    /// The run's length.
+    seconds: f64,
+    stats: &'a redrive_psp_sim::Stats,
+    /// Every request the simulator saw.
+    log: &'a [redrive_psp_sim::RequestRecord],
+    /// The breaker transitions as the workers published them.
+    published: &'a [published::Published],
+}
+
 async fn report(
     store: &Store,
     a: &DemoArgs,
     faults: &Faults,
-    t0: chrono::DateTime<Utc>,
-    seconds: f64,
-    stats: &redrive_psp_sim::Stats,
+    run: &Run<'_>,
 ) -> anyhow::Result<Report> {
+    let Run {
+        t0,
+        seconds,
+        stats,
+        log,
+        published,
+    } = *run;
     let mut succeeded = 0;
     let mut dead_by_reason = BTreeMap::new();
     let mut attempts_by_class: BTreeMap<String, u64> = BTreeMap::new();
     let (mut retries, mut defers, mut early) = (0, 0, 0);
+    let mut starts = measure::Starts::new();
     let mut after = None;
     loop {
         let page = store
@@ -287,6 +365,12 @@ async fn report(
                 _ => {}
             }
             let atts = store.attempts(j.id).await?;
+            if let Some(k) = &j.key {
+                starts
+                    .entry(k.clone())
+                    .or_default()
+                    .extend(atts.iter().map(|at| at.started_at));
+            }
             for (i, at) in atts.iter().enumerate() {
                 *attempts_by_class.entry(at.class.clone()).or_insert(0) += 1;
                 match at.mode.as_deref() {
@@ -332,6 +416,27 @@ async fn report(
             open.push((t.t_s, end));
         }
     }
+    let stored: Vec<measure::Stored> = events
+        .iter()
+        .map(|e| {
+            Ok(measure::Stored {
+                at: e.at,
+                from: BreakerState::parse(&e.from)?,
+                to: BreakerState::parse(&e.to)?,
+            })
+        })
+        .collect::<Result<_, redrive_policy::PolicyError>>()?;
+    let published: Vec<_> = published
+        .iter()
+        .filter(|p| p.dependency == DEPENDENCY)
+        .map(|p| (p.at, p.from, p.to))
+        .collect();
+    let in_force = measure::in_force(&stored, &published);
+    for v in starts.values_mut() {
+        v.sort();
+    }
+    let breaker = measure::breaker_counts(log, &starts, &in_force);
+    let psp_load = measure::psp_load(log, faults, seconds);
     let mut chart = LoadChart {
         title: format!(
             "redrive demo: PSP load, {} charges, {} workers",
@@ -341,9 +446,9 @@ async fn report(
             .outage
             .map(|o| (o.start.as_secs_f64(), (o.start + o.length).as_secs_f64())),
         open: open.clone(),
+        limit: faults.rate_limit.map(|l| l * measure::SLICE.as_secs_f64()),
         ..Default::default()
     };
-    let mut requests_while_open = 0;
     for b in &stats.timeline {
         let by = |f: &dyn Fn(u16) -> bool| -> u64 {
             b.by_status
@@ -355,10 +460,6 @@ async fn report(
         chart.ok.push(by(&|s| (200..300).contains(&s)));
         chart.limited.push(by(&|s| s == 429));
         chart.failed.push(by(&|s| s >= 500));
-        let (lo, hi) = (b.t_ms as f64 / 1e3, (b.t_ms + 100) as f64 / 1e3);
-        if open.iter().any(|(a, z)| lo >= *a && hi <= *z) {
-            requests_while_open += b.requests;
-        }
     }
     let mut charts = Vec::new();
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
@@ -375,15 +476,20 @@ async fn report(
         charges: stats.charges,
         distinct_keys: stats.distinct_keys,
         duplicate_effects: stats.duplicate_effects,
+        effects_max_per_key: stats.effects_max_per_key,
+        executions_max_per_key: stats.executions_max_per_key,
         replays: stats.replays,
+        layer_replays: stats.layer_replays,
+        ledger_dedupe: stats.ledger_dedupe,
     };
-    let exactly_once =
-        psp.charges == succeeded && psp.duplicate_effects == 0 && psp.distinct_keys == a.charges;
+    let not_exactly_once = measure::exactly_once(a.charges, succeeded, stats)
+        .err()
+        .unwrap_or_default();
     Ok(Report {
         charges_enqueued: a.charges,
         concurrency: a.concurrency,
         scenario: faults.to_json(),
-        sim_idempotency_layer: !a.no_faults || a.sim_idempotency_layer,
+        sim_idempotency_layer: layer_on(a),
         seconds,
         jobs_per_s: succeeded as f64 / seconds.max(1e-9),
         succeeded,
@@ -392,10 +498,13 @@ async fn report(
         retries_in_process: retries,
         defers,
         breaker_transitions: transitions,
-        requests_while_open,
+        requests_while_open: breaker.requests_while_open,
+        probes_sent: breaker.probes_sent,
         retries_before_retry_after: early,
         psp,
-        exactly_once,
+        psp_load,
+        exactly_once: not_exactly_once.is_empty(),
+        not_exactly_once,
         charts,
     })
 }
@@ -440,9 +549,10 @@ fn print_report(r: &Report) {
         r.retries_before_retry_after
     );
     println!(
-        "  breaker            {} transitions, {} PSP requests while open",
+        "  breaker            {} transitions, {} PSP requests while open, {} probes while half-open",
         r.breaker_transitions.len(),
-        r.requests_while_open
+        r.requests_while_open,
+        r.probes_sent
     );
     for t in &r.breaker_transitions {
         println!(
@@ -461,18 +571,43 @@ fn print_report(r: &Report) {
         r.psp.requests_total,
         statuses.join(", ")
     );
+    let l = &r.psp_load;
+    let num = |v: Option<f64>, digits: usize| v.map_or("-".to_owned(), |x| format!("{x:.digits$}"));
+    match l.limit_rps {
+        Some(limit) => println!(
+            "  PSP load           limit {limit}/s: peak {}x the limit after 10s, {}% answered 429; {:.1}s = {}x the minimum of {}s (outage + requests at the limit)",
+            num(l.peak_ratio, 1),
+            num(l.share_429.map(|s| s * 100.0), 1),
+            r.seconds,
+            num(l.vs_minimum, 2),
+            num(l.minimum_seconds, 1),
+        ),
+        None => println!("  PSP load           no rate limit"),
+    }
+    if let Some(back) = l.back_after_outage_s {
+        println!("  after the outage   first 2xx answer {back:.2}s after it ended");
+    }
     println!(
-        "  charges made       {} for {} distinct keys, {} duplicate effects, {} replays  => {}",
+        "  charges made       {} for {} distinct keys (the ledger's own dedupe {}): {} duplicate effects (at most {} per key)",
         r.psp.charges,
         r.psp.distinct_keys,
+        if r.psp.ledger_dedupe { "on" } else { "off" },
         r.psp.duplicate_effects,
-        r.psp.replays,
-        if r.exactly_once {
-            "every charge exactly once"
-        } else {
-            "NOT exactly once"
-        }
+        r.psp.effects_max_per_key,
     );
+    let runs = match r.psp.executions_max_per_key {
+        1 => "once".to_owned(),
+        n => format!("{n} times"),
+    };
+    println!(
+        "  replayed answers   {} by the idempotency layer, {} by the ledger; the charge ran at most {runs} for one key",
+        r.psp.layer_replays, r.psp.replays
+    );
+    if r.exactly_once {
+        println!("  => every charge exactly once");
+    } else {
+        println!("  => NOT exactly once: {}", r.not_exactly_once.join("; "));
+    }
     for c in &r.charts {
         println!("  chart              {c}");
     }

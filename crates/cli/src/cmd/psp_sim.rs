@@ -20,6 +20,7 @@ pub(crate) fn run(_global: &Global, args: PspSimArgs) -> anyhow::Result<ExitCode
     rt.block_on(async move {
         let sim = PspSim::builder()
             .faults(faults)
+            .ledger_dedupe(args.ledger_dedupe)
             .with_idempotency_layer()
             .start(&args.addr)
             .await?;

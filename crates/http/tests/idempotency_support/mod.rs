@@ -40,8 +40,7 @@ pub struct Backend {
 }
 
 pub fn postgres_url() -> String {
-    std::env::var("REDRIVE_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+    redrive_testkit::postgres_url()
 }
 
 /// A schema of its own, dropped when the test ends (even when it panics).
@@ -104,20 +103,16 @@ impl Backend {
 
     pub async fn postgres() -> Option<Self> {
         let url = postgres_url();
-        let admin = match sqlx::postgres::PgPoolOptions::new()
+        // Skips only when the server is unreachable (refused or timed out) and CI is not set;
+        // any other connection error fails, here or at the `expect`s below.
+        if !redrive_testkit::postgres_available(&url).await {
+            return None;
+        }
+        let admin = sqlx::postgres::PgPoolOptions::new()
             .acquire_timeout(Duration::from_secs(3))
             .connect(&url)
             .await
-        {
-            Ok(pool) => pool,
-            Err(e) => {
-                if std::env::var("CI").as_deref() == Ok("true") {
-                    panic!("PostgreSQL at {url} is unreachable and CI=true: {e}");
-                }
-                eprintln!("skipping: PostgreSQL at {url} is unreachable: {e}");
-                return None;
-            }
-        };
+            .unwrap_or_else(|e| panic!("PostgreSQL at {url}: {e}"));
         let schema = format!("idem_test_{}", uuid::Uuid::new_v4().simple());
         sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
             .execute(&admin)

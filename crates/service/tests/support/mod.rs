@@ -31,6 +31,10 @@ impl Harness {
     pub fn app(&self) -> Router {
         app(self.state.clone())
     }
+    /// The SQLite file of an SQLite harness.
+    pub fn sqlite_path(&self) -> Option<std::path::PathBuf> {
+        self._dir.as_ref().map(|d| d.path().join("q.db"))
+    }
 }
 
 pub async fn sqlite(config: AppConfig) -> Harness {
@@ -47,11 +51,10 @@ pub async fn sqlite(config: AppConfig) -> Harness {
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
 
-/// A harness on a fresh PostgreSQL schema; `None` (skip) when PostgreSQL is unreachable and
-/// CI is not true; a panic when CI is true.
+/// A harness on a fresh PostgreSQL schema; `None` (skip) only when PostgreSQL is unreachable
+/// (refused or timed out) and CI is not set; a panic for any other connection error.
 pub async fn postgres(config: AppConfig) -> Option<Harness> {
-    let url = std::env::var("REDRIVE_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let url = redrive_testkit::postgres_url();
     let schema = format!(
         "rds_{}_{}_{}",
         std::process::id(),
@@ -69,10 +72,8 @@ pub async fn postgres(config: AppConfig) -> Option<Harness> {
             })
         }
         Err(e) => {
-            if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
-                panic!("PostgreSQL at {url} is unreachable and CI=true: {e}");
-            }
-            eprintln!("skipping: PostgreSQL at {url} is unreachable: {e}");
+            // Skips only when the server is unreachable and CI is not set; fails otherwise.
+            redrive_testkit::skip_or_fail(&url, &e);
             None
         }
     }
