@@ -29,9 +29,11 @@
 
 pub mod capacity;
 mod error;
+mod fleet;
 mod net;
 pub mod occ;
 mod plot;
+pub mod queue;
 mod report;
 mod strategy;
 mod sweep;
@@ -41,8 +43,12 @@ pub use error::SimError;
 pub use net::{BUCKET, Net, RunResult};
 pub use occ::OccConfig;
 pub use plot::{LoadChart, plot, plot_load};
+pub use queue::{
+    BreakerChange, PspLoad, PspModel, PspOutage, QueueConfig, QueueRun, QueueSummary, queue_csv,
+    render_queue, run_queue, run_queue_many,
+};
 pub use report::{render_table, to_csv};
-pub use strategy::{Retrier, STRATEGY_FORMS, Shape, Strategy};
+pub use strategy::{RateMode, Retrier, STRATEGY_FORMS, Shape, Strategy};
 pub use sweep::{
     Cell, MAX_CLIENTS, Model, Report, Spread, SweepConfig, bucket_start, run_once, sweep,
 };
