@@ -46,7 +46,7 @@ pub use backoff::{
 };
 pub use breaker::{
     Admission, BreakerConfig, BreakerConfigBuilder, BreakerMode, BreakerState, CallResult,
-    CircuitBreaker, SharedBreaker, Transition, TransitionReason, Window,
+    CircuitBreaker, Transition, TransitionReason, Window,
 };
 pub use budget::{RetryBudget, RetryBudgetBuilder};
 pub use duration::{ParseDurationError, format_duration, parse_duration};
@@ -55,8 +55,8 @@ pub use explain::{ExplainRow, Explanation, explain};
 pub use file::PolicySet;
 pub use flow::{
     CONGESTION_EPOCH, Check, DEFAULT_RATE_BATCH, DEFAULT_RATE_BURST, DEFAULT_RATE_CEILING,
-    DEFAULT_RATE_DECREASE, DEFAULT_RATE_FLOOR, DEFAULT_RATE_INCREASE, FlowConfig, FlowEvent,
-    FlowClient, FlowRow, Grant, MAX_SLOTS_PER_RESERVATION, Next, RateConfig, ServedRate, Slots,
+    DEFAULT_RATE_DECREASE, DEFAULT_RATE_FLOOR, DEFAULT_RATE_INCREASE, FlowClient, FlowConfig,
+    FlowEvent, FlowRow, Grant, MAX_SLOTS_PER_RESERVATION, Next, RateConfig, ServedRate, Slots,
     Step,
 };
 pub use jitter::{Jitter, MAX_PROPORTIONAL_FACTOR};
@@ -66,9 +66,7 @@ pub use policy::{
     DeferPhase, DelaySource, JobCounters, MAX_ATTEMPTS_LIMIT, MAX_DEADLINE, MAX_DEFERS_LIMIT,
     MAX_IN_PROCESS_MAX_WAIT, RetryPhase, RetryPolicy, RetryPolicyBuilder, Verdict,
 };
-pub use reason::{
-    DeadReason, DeferReason, FailureClass, ParseNameError, PauseReason, RetryMode,
-};
+pub use reason::{DeadReason, DeferReason, FailureClass, ParseNameError, PauseReason, RetryMode};
 pub use retry_after::{RetryAfterError, parse_retry_after, retry_after_clamped};
 
 /// The wall-clock instant used throughout redrive (UTC; stored with millisecond precision).
