@@ -171,6 +171,18 @@ fn while_the_breaker_is_open_only_probes_reach_the_psp() {
         r.probes
     );
     assert!(r.probes > 0);
+    // R10, no churn: the claim skips the queue's jobs while the breaker is open, so only the
+    // jobs already running (or coming back just then) are deferred, not the 2,000.
+    let openings = r
+        .breaker_transitions
+        .iter()
+        .filter(|t| t.to == "open")
+        .count();
+    assert!(
+        r.blocked < 50 * openings as u64,
+        "{} deferrals, {openings} openings",
+        r.blocked
+    );
 }
 
 #[test]
