@@ -323,15 +323,16 @@ pub(crate) struct SimulateArgs {
     /// Model: `occ` (optimistic concurrency, the AWS blog's) or `capacity` (a PSP with a rate limit).
     #[arg(long, default_value = "occ")]
     pub(crate) model: String,
-    /// Clients: one number, or a comma-separated sweep (`10,20,50`).
-    #[arg(long, default_value = "100")]
-    pub(crate) clients: String,
+    /// Clients: one number, or a comma-separated sweep (`10,20,50`) (default 100; with
+    /// `--scenario demo`, the workers: default the demo's 16).
+    #[arg(long)]
+    pub(crate) clients: Option<String>,
     /// Strategies to compare (repeatable); default: all.
     #[arg(long = "strategy")]
     pub(crate) strategies: Vec<String>,
-    /// Seeded runs averaged per cell.
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub(crate) runs: u32,
+    /// Seeded runs averaged per cell (default 100; with `--scenario demo`, 5).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) runs: Option<u32>,
     /// Seed of the first run.
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,
@@ -368,6 +369,14 @@ pub(crate) struct SimulateArgs {
     /// Capacity model: attempts per worker, the failed first call included (default 50).
     #[arg(long = "max-attempts")]
     pub(crate) max_attempts: Option<u32>,
+    /// Capacity model: worker processes the clients are spread over, each with its own view
+    /// of the flow control (breaker window, send slots) (default 1).
+    #[arg(long)]
+    pub(crate) processes: Option<u32>,
+    /// Capacity model: predict a whole run of a named scenario instead of the herd: `demo`
+    /// (what `redrive demo` does by default: its queue, workers, policies and PSP).
+    #[arg(long)]
+    pub(crate) scenario: Option<String>,
 }
 
 /// `redrive demo`.

@@ -100,6 +100,181 @@ fn a_bad_strategy_exits_2_naming_the_flag_and_value() {
     let o = redrive(&["--strategy", "full+ra", "--runs", "1", "--clients", "5"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("capacity model only"), "{}", stderr(&o));
+
+    for (bad, needle) in [
+        ("full+limit+adaptive", "exclude each other"),
+        ("full+ra+turbo", "+turbo"),
+        ("full+adaptiv", "+adaptiv"),
+    ] {
+        let o = redrive(&[
+            "--model",
+            "capacity",
+            "--strategy",
+            bad,
+            "--runs",
+            "1",
+            "--clients",
+            "5",
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert!(err.contains("--strategy"), "{bad}: {err}");
+        assert!(err.contains(&format!("{bad:?}")), "{bad}: {err}");
+        assert!(err.contains(needle), "{bad}: {err}");
+    }
+    let o = redrive(&["--strategy", "full+limit", "--runs", "1", "--clients", "5"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("capacity model only"), "{}", stderr(&o));
+}
+
+#[test]
+fn capacity_model_takes_a_rate_limit_configured_or_learned() {
+    let o = redrive(&[
+        "--model",
+        "capacity",
+        "--clients",
+        "100",
+        "--runs",
+        "3",
+        "--strategy",
+        "full+ra,full+ra+adaptive,full+limit",
+        "--processes",
+        "2",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("one JSON document");
+    let names: Vec<_> = v["strategies"].as_array().unwrap().iter().collect();
+    assert_eq!(names, ["full+ra", "full+ra+adaptive", "full+limit"]);
+    let cell = |s: &str| {
+        v["cells"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["strategy"] == s)
+            .unwrap()
+            .clone()
+    };
+    // A limit at the PSP's capacity (50/s): 100 payments in about 2 s, none wasted.
+    assert_eq!(cell("full+limit")["wasted"], 0.0);
+    assert!(cell("full+limit")["completion_ms"]["max"].as_f64().unwrap() < 2_500.0);
+    assert!(cell("full+ra")["wasted"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn the_demo_scenario_prints_the_psp_load() {
+    let o = redrive(&["--model", "capacity", "--scenario", "demo", "--runs", "2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("scenario demo: 2000 charges, 16 workers"),
+        "{out}"
+    );
+    assert!(out.contains("rate limit 80/s with Retry-After 1s"), "{out}");
+    assert!(out.contains("seeds 1..2"), "{out}");
+    for f in [
+        "psp_load (mean): limit_rps 80 ",
+        "peak_ratio",
+        "share_429",
+        "minimum_seconds",
+        "vs_minimum",
+        "back_after_outage_s",
+    ] {
+        assert!(out.contains(f), "{f}: {out}");
+    }
+    assert!(
+        out.lines().any(|l| l.trim_start().starts_with("mean")),
+        "{out}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let (csv, svg) = (dir.path().join("demo.csv"), dir.path().join("demo.svg"));
+    let o = redrive(&[
+        "--model",
+        "capacity",
+        "--scenario",
+        "demo",
+        "--runs",
+        "1",
+        "--seed",
+        "3",
+        "--clients",
+        "32",
+        "--json",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("one JSON document");
+    assert_eq!(v["scenario"], "demo");
+    assert_eq!(v["workers"], 32);
+    let run = &v["runs"][0];
+    assert_eq!(run["seed"], 3);
+    assert_eq!(run["succeeded"], 2000);
+    assert_eq!(run["charges"], 2000);
+    let load = &run["psp_load"];
+    assert_eq!(load["limit_rps"], 80.0);
+    for f in ["peak_ratio", "share_429", "minimum_seconds", "vs_minimum"] {
+        assert!(load[f].as_f64().unwrap() > 0.0, "{f}: {load}");
+    }
+    assert!(
+        load["back_after_outage_s"].as_f64().unwrap() > 0.0,
+        "{load}"
+    );
+    assert!(v["mean"]["psp_load"]["vs_minimum"].as_f64().unwrap() >= 1.0);
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert_eq!(text.lines().count(), 2, "{text}");
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+}
+
+#[test]
+fn the_demo_scenario_refuses_what_it_sets() {
+    for (args, needle) in [
+        (&["--scenario", "demo"][..], "--model capacity only"),
+        (
+            &["--model", "capacity", "--scenario", "black-friday"][..],
+            "\"black-friday\"",
+        ),
+        (
+            &[
+                "--model",
+                "capacity",
+                "--scenario",
+                "demo",
+                "--strategy",
+                "full",
+            ][..],
+            "--strategy does not apply",
+        ),
+        (
+            &[
+                "--model",
+                "capacity",
+                "--scenario",
+                "demo",
+                "--capacity",
+                "10",
+            ][..],
+            "--capacity does not apply",
+        ),
+        (
+            &[
+                "--model",
+                "capacity",
+                "--scenario",
+                "demo",
+                "--clients",
+                "8,16",
+            ][..],
+            "--clients",
+        ),
+    ] {
+        let o = redrive(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
+    }
 }
 
 #[test]

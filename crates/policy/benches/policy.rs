@@ -1,18 +1,20 @@
-//! Policy hot paths, side by side with backon (backoff) and failsafe (breaker) in the same run.
+//! Policy hot paths, side by side with backon (backoff) and failsafe (breaker) in the same run,
+//! and the flow-control machine the fleet shares (one event applied to a dependency's row).
 //!
-//! Run: `cargo bench -p redrive-policy --bench policy`
+//! Run: `cargo bench -p redrive-policy --bench policy` (`-- flow` for the flow machine alone)
 
 use std::hint::black_box;
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{TimeZone, Utc};
+use criterion::BatchSize;
 use criterion::{Criterion, criterion_group, criterion_main};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use redrive_policy::{
-    BreakerConfig, CircuitBreaker, ExponentialBuilder, FailureClass, Jitter, JobCounters, Outcome,
-    RetryPolicy, SharedBreaker, Window,
+    BreakerConfig, BreakerState, CallResult, CircuitBreaker, ExponentialBuilder, FailureClass,
+    FlowClient, FlowConfig, FlowEvent, FlowRow, Jitter, JobCounters, Next, Outcome, RateConfig,
+    RetryPolicy, Window,
 };
 
 fn delays(c: &mut Criterion) {
@@ -103,13 +105,6 @@ fn breakers(c: &mut Criterion) {
             black_box(b.record(FailureClass::Success, d, now))
         })
     });
-    let shared = SharedBreaker::new(breaker_config(), 1);
-    g.bench_function("redrive/SharedBreaker (mutex), 1 thread", |bench| {
-        bench.iter(|| {
-            black_box(shared.admit(now));
-            black_box(shared.record(FailureClass::Success, d, now))
-        })
-    });
     let fs = failsafe::Config::new().build();
     g.bench_function("failsafe/StateMachine, 1 thread", |bench| {
         bench.iter(|| {
@@ -117,54 +112,76 @@ fn breakers(c: &mut Criterion) {
             fs.on_success();
         })
     });
+    g.finish();
+}
 
-    // Two threads hammering one breaker: the time per admit+record pair on this thread while
-    // another thread does the same.
-    let shared = Arc::new(SharedBreaker::new(breaker_config(), 1));
-    g.bench_function("redrive/SharedBreaker (mutex), 2 threads", |bench| {
-        bench.iter_custom(|iters| {
-            let other = shared.clone();
-            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let s2 = stop.clone();
-            let h = std::thread::spawn(move || {
-                while !s2.load(std::sync::atomic::Ordering::Relaxed) {
-                    other.admit(now);
-                    other.record(FailureClass::Success, d, now);
-                }
-            });
-            let t = std::time::Instant::now();
-            for _ in 0..iters {
-                black_box(shared.admit(now));
-                black_box(shared.record(FailureClass::Success, d, now));
-            }
-            let e = t.elapsed();
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
-            h.join().unwrap();
-            e
-        })
+/// One event applied to a dependency's shared row ([`FlowConfig::apply`]), and a worker's
+/// look before a call ([`FlowClient::before_call`]): what each call to a dependency costs in
+/// the policy crate, before any store I/O. Each iteration starts from the same row.
+fn flow(c: &mut Criterion) {
+    let mut g = c.benchmark_group("flow");
+    let now = Utc.with_ymd_and_hms(2026, 12, 2, 12, 0, 0).unwrap();
+    let second = chrono::Duration::seconds(1);
+    let wait = Duration::from_secs(1);
+    let mut rng = SmallRng::seed_from_u64(1);
+    let cfg = FlowConfig::default().with_rate(RateConfig::fixed(80.0).unwrap());
+    let limited = FlowRow {
+        rate: Some(80.0),
+        tat: Some(now),
+        ..FlowRow::default()
+    };
+    let reserve = FlowEvent::Reserve { max_ahead: wait };
+    g.bench_function("apply Reserve (rate in force)", |b| {
+        b.iter(|| black_box(cfg.apply(black_box(&limited), reserve, now, &mut rng)))
     });
-    let fs = Arc::new(failsafe::Config::new().build());
-    g.bench_function("failsafe/StateMachine, 2 threads", |bench| {
-        bench.iter_custom(|iters| {
-            let other = fs.clone();
-            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let s2 = stop.clone();
-            let h = std::thread::spawn(move || {
-                while !s2.load(std::sync::atomic::Ordering::Relaxed) {
-                    other.is_call_permitted();
-                    other.on_success();
-                }
-            });
-            let t = std::time::Instant::now();
-            for _ in 0..iters {
-                black_box(fs.is_call_permitted());
-                fs.on_success();
-            }
-            let e = t.elapsed();
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
-            h.join().unwrap();
-            e
-        })
+    let half_open = FlowRow {
+        state: BreakerState::HalfOpen,
+        probe_permits: 5,
+        round_started: Some(now),
+        openings: 1,
+        ..FlowRow::default()
+    };
+    g.bench_function("apply TakeProbe", |b| {
+        b.iter(|| black_box(cfg.apply(black_box(&half_open), FlowEvent::TakeProbe, now, &mut rng)))
+    });
+    let answered = FlowEvent::ProbeAnswered {
+        result: CallResult::Success,
+    };
+    let probing = FlowRow {
+        probe_permits: 3,
+        probe_successes: 1,
+        ..half_open.clone()
+    };
+    g.bench_function("apply ProbeAnswered", |b| {
+        b.iter(|| black_box(cfg.apply(black_box(&probing), answered, now, &mut rng)))
+    });
+    let limited_429 = FlowEvent::RateLimited {
+        pause_until: Some(now + second),
+        served_per_s: 80.0,
+        epoch_seen: None,
+        probe: false,
+    };
+    g.bench_function("apply RateLimited", |b| {
+        b.iter(|| black_box(cfg.apply(black_box(&limited), limited_429, now, &mut rng)))
+    });
+    // A worker that holds send slots takes the next one without touching the row.
+    let mut holder = FlowClient::new(cfg.clone(), 1);
+    let Next::Apply(ev) = holder.before_call(&limited, false, wait, now) else {
+        panic!("a limited row asks for a reservation first")
+    };
+    let step = cfg.apply(&limited, ev, now, &mut rng);
+    let row = step.row;
+    assert!(matches!(
+        holder.granted(step.grant, now),
+        Next::CallAt { .. }
+    ));
+    assert!(holder.slots_held() > 0);
+    g.bench_function("FlowClient::before_call, slot held", |b| {
+        b.iter_batched_ref(
+            || holder.clone(),
+            |client| black_box(client.before_call(black_box(&row), false, wait, now)),
+            BatchSize::SmallInput,
+        )
     });
     g.finish();
 }
@@ -174,6 +191,6 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
-    targets = delays, decision, breakers
+    targets = delays, decision, breakers, flow
 }
 criterion_main!(benches);

@@ -37,7 +37,6 @@
 //! assert!(matches!(b.admit(now).0, Admission::Rejected { .. }));
 //! ```
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -657,8 +656,9 @@ impl WindowState {
 
 // ===== impl CircuitBreaker =====
 
-/// One dependency's circuit breaker. Not thread-safe by itself: wrap it in
-/// [`SharedBreaker`] to share it between tasks.
+/// One process's view of a dependency's circuit breaker: its own failure window (the
+/// closed-state judgement) and the state last seen. The fleet's shared state is a
+/// [`FlowRow`](crate::FlowRow), moved by [`FlowConfig::apply`](crate::FlowConfig::apply).
 #[derive(Debug, Clone)]
 pub struct CircuitBreaker {
     config: BreakerConfig,
@@ -991,64 +991,6 @@ impl CircuitBreaker {
             reason,
             open_until: None,
         }
-    }
-}
-
-// ===== impl SharedBreaker =====
-
-/// A [`CircuitBreaker`] behind a mutex, to share between the tasks of one process.
-#[derive(Debug)]
-pub struct SharedBreaker {
-    inner: Mutex<CircuitBreaker>,
-}
-
-impl SharedBreaker {
-    /// A closed shared breaker.
-    pub fn new(config: BreakerConfig, seed: u64) -> Self {
-        Self {
-            inner: Mutex::new(CircuitBreaker::new(config, seed)),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, CircuitBreaker> {
-        // A panic while holding the lock cannot leave the state machine half-updated in a way
-        // that matters more than losing the breaker; keep going with its state.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// See [`CircuitBreaker::admit`].
-    pub fn admit(&self, now: Timestamp) -> (Admission, Option<Transition>) {
-        self.lock().admit(now)
-    }
-
-    /// See [`CircuitBreaker::record`].
-    pub fn record(
-        &self,
-        class: FailureClass,
-        duration: Duration,
-        now: Timestamp,
-    ) -> Option<Transition> {
-        self.lock().record(class, duration, now)
-    }
-
-    /// See [`CircuitBreaker::observe`].
-    pub fn observe(
-        &self,
-        state: BreakerState,
-        open_until: Option<Timestamp>,
-        now: Timestamp,
-    ) -> Option<Transition> {
-        self.lock().observe(state, open_until, now)
-    }
-
-    /// See [`CircuitBreaker::force`].
-    pub fn force(&self, mode: BreakerMode, now: Timestamp) -> Option<Transition> {
-        self.lock().force(mode, now)
-    }
-
-    /// Runs `f` with the breaker locked (for reading several fields at once).
-    pub fn with<T>(&self, f: impl FnOnce(&mut CircuitBreaker) -> T) -> T {
-        f(&mut self.lock())
     }
 }
 

@@ -46,7 +46,7 @@ pub use backoff::{
 };
 pub use breaker::{
     Admission, BreakerConfig, BreakerConfigBuilder, BreakerMode, BreakerState, CallResult,
-    CircuitBreaker, SharedBreaker, Transition, TransitionReason, Window,
+    CircuitBreaker, Transition, TransitionReason, Window,
 };
 pub use budget::{RetryBudget, RetryBudgetBuilder};
 pub use duration::{ParseDurationError, format_duration, parse_duration};

@@ -7,30 +7,39 @@
 //! 100 ms of capacity) and answers everything beyond that with 429 or 503, with or without
 //! `Retry-After`; during an optional outage window it answers 503 to everything.
 //!
-//! What a worker does is redrive's: the delay comes from [`Backoff::nominal`] and
-//! [`Jitter::apply`]; with `+ra` the server's `Retry-After` is parsed by
-//! [`retry_after_clamped`] and wins over the formula (R6), and pauses the whole fleet until
-//! it ends (R19): a worker that wakes during the pause is deferred by
-//! [`RetryPolicy::decide_blocked`] to the pause's end plus up to `blocked_jitter`, without a
-//! call. With `+breaker` one [`CircuitBreaker`] shared by the fleet stands in front of the PSP
-//! (R9, R10): while it rejects, workers are deferred the same way.
+//! What a worker does is redrive's. The delay comes from [`Backoff::nominal`] and
+//! [`Jitter::apply`]. Every call goes through the flow-control protocol of the runtime's
+//! workers ([`FlowClient`] per worker process, one [`FlowRow`] for the fleet, events applied
+//! by [`FlowConfig::apply`]; see the `fleet` module): a call the row blocks is deferred by
+//! [`RetryPolicy::decide_blocked`] to the block's end plus up to `blocked_jitter`, without a
+//! call, and a retry whose wait would end while the row still blocks is deferred the same way.
+//! - `+ra`: the server's `Retry-After` is parsed by [`retry_after_clamped`], wins over the
+//!   formula (R6), and pauses the whole fleet until it ends (R19).
+//! - `+breaker`: the row's circuit breaker (R9, R10): each process judges its own window,
+//!   the fleet shares the opening, the half-open probes and their verdict. Without it the row
+//!   is forced closed.
+//! - `+limit`: a configured rate limit equal to the PSP's capacity
+//!   ([`RateConfig::fixed`]); `+adaptive`: none configured, learned from 429s
+//!   ([`RateConfig::adaptive`]). Without either, [`RateConfig::off`]. Workers wait in process
+//!   for their send slot (up to the policy's `in_process_max_wait`).
 //!
 //! [`Backoff::nominal`]: redrive_policy::Backoff::nominal
 //! [`Jitter::apply`]: redrive_policy::Jitter::apply
+//! [`FlowClient`]: redrive_policy::FlowClient
+//! [`FlowRow`]: redrive_policy::FlowRow
 
 use std::time::Duration;
 
-use chrono::DateTime;
 use rand::Rng;
 use redrive_policy::{
-    Action, Admission, BreakerConfig, CircuitBreaker, DEFAULT_BLOCKED_JITTER,
-    DEFAULT_RETRY_AFTER_MAX, DeferReason, FailureClass, JobCounters, RetryPolicy, Timestamp,
-    retry_after_clamped,
+    Action, BreakerConfig, DEFAULT_BLOCKED_JITTER, DEFAULT_RETRY_AFTER_MAX, FailureClass,
+    FlowConfig, JobCounters, RateConfig, RetryPolicy, Timestamp, retry_after_clamped,
 };
 
 use crate::error::SimError;
+use crate::fleet::{Fleet, Gate, ns_of, ts};
 use crate::net::{Net, Queue, RunResult, ns};
-use crate::strategy::{Retrier, Strategy};
+use crate::strategy::{RateMode, Retrier, Strategy};
 
 /// What the PSP answers beyond its capacity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -69,8 +78,10 @@ pub struct Outage {
 /// - backoff base 1 s, cap 30 s (R1: the first delay is the base)
 /// - network `|Normal(10 ms, 2 ms)|` each way
 /// - 50 attempts per worker (the trigger's failed call included), `Retry-After` clamped to 1 h
-/// - blocked deferrals spread by up to 2 s ([`DEFAULT_BLOCKED_JITTER`])
+/// - blocked deferrals spread by up to 2 s ([`DEFAULT_BLOCKED_JITTER`]); a send slot waited for
+///   in process up to 10 s ([`DEFAULT_IN_PROCESS_MAX_WAIT`](redrive_policy::DEFAULT_IN_PROCESS_MAX_WAIT))
 /// - the breaker: [`BreakerConfig::default`]
+/// - one worker process (all workers share one [`FlowClient`](redrive_policy::FlowClient))
 /// - the run stops after 1 h of simulated time (workers still waiting count as failed)
 #[derive(Debug, Clone, PartialEq)]
 pub struct CapacityConfig {
@@ -96,8 +107,13 @@ pub struct CapacityConfig {
     pub retry_after_max: Duration,
     /// Spread added to breaker and pause deferrals.
     pub blocked_jitter: Duration,
+    /// The longest wait in process for a send slot of the rate limit.
+    pub in_process_max_wait: Duration,
     /// The breaker used by `+breaker` strategies.
     pub breaker: BreakerConfig,
+    /// Worker processes the workers are spread over (round robin): each has its own
+    /// [`FlowClient`](redrive_policy::FlowClient), so its own breaker window and send slots.
+    pub processes: u32,
     /// Simulated time after which the run stops.
     pub horizon: Duration,
 }
@@ -116,7 +132,9 @@ impl Default for CapacityConfig {
             max_attempts: 50,
             retry_after_max: DEFAULT_RETRY_AFTER_MAX,
             blocked_jitter: DEFAULT_BLOCKED_JITTER,
+            in_process_max_wait: redrive_policy::DEFAULT_IN_PROCESS_MAX_WAIT,
             breaker: BreakerConfig::default(),
+            processes: 1,
             horizon: Duration::from_secs(3600),
         }
     }
@@ -145,6 +163,13 @@ impl CapacityConfig {
                 "from 1 to 1000",
             ));
         }
+        if !(1..=100_000).contains(&self.processes) {
+            return Err(SimError::config(
+                "processes",
+                self.processes,
+                "from 1 to 100000",
+            ));
+        }
         if self.horizon.is_zero() || self.horizon > Duration::from_secs(7 * 24 * 3600) {
             return Err(SimError::config(
                 "horizon",
@@ -169,9 +194,26 @@ impl CapacityConfig {
         strategy.retrier(self.base, self.cap, 0)
     }
 
+    /// The flow control a strategy puts between the workers and the PSP.
+    ///
+    /// # Errors
+    /// [`SimError::InvalidConfig`] when `+limit` cannot take the capacity as a rate limit.
+    pub fn flow(&self, strategy: &Strategy) -> Result<FlowConfig, SimError> {
+        let rate = match strategy.rate {
+            RateMode::Off => RateConfig::off(),
+            RateMode::Adaptive => RateConfig::adaptive(),
+            RateMode::Limit => RateConfig::fixed(self.capacity)
+                .map_err(|e| SimError::config("capacity", self.capacity, e.to_string()))?,
+        };
+        Ok(FlowConfig::default()
+            .with_breaker(self.breaker.clone())
+            .with_rate(rate))
+    }
+
     fn blocked_policy(&self) -> Result<RetryPolicy, SimError> {
         RetryPolicy::builder("simulated")
             .with_blocked_jitter(self.blocked_jitter)
+            .with_in_process_max_wait(self.in_process_max_wait)
             .build()
             .map_err(|e| SimError::config("blocked jitter", e, "at most 1h"))
     }
@@ -180,19 +222,12 @@ impl CapacityConfig {
 const WAKE: u8 = 0;
 const AT_SERVER: u8 = 1;
 const REPLY: u8 = 2;
+const TICK: u8 = 3;
 const RA_BIT: u64 = 1 << 16;
-
-/// 2026-01-01T00:00:00Z: the simulated clock's origin for the breaker and `Retry-After`.
-const ORIGIN_MS: i64 = 1_767_225_600_000;
-
-fn ts(t_ns: u64) -> Timestamp {
-    DateTime::from_timestamp_millis(ORIGIN_MS + (t_ns / 1_000_000) as i64)
-        .unwrap_or(DateTime::<chrono::Utc>::MAX_UTC)
-}
-
-fn ns_since_origin(t: Timestamp) -> u64 {
-    u64::try_from(t.timestamp_millis() - ORIGIN_MS).unwrap_or(0) * 1_000_000
-}
+/// The fleet's housekeeping ([`redrive_policy::FlowEvent::Tick`]) runs this often.
+const TICK_NS: u64 = 100_000_000;
+/// How long the trigger's failed call took.
+const TRIGGER_TOOK: Duration = Duration::from_millis(20);
 
 /// One run of the `capacity` model.
 pub(crate) fn run<R: Rng + ?Sized>(
@@ -204,33 +239,35 @@ pub(crate) fn run<R: Rng + ?Sized>(
     rng: &mut R,
 ) -> Result<RunResult, SimError> {
     let n = clients as usize;
-    let blocked = cfg.blocked_policy()?;
+    let policy = cfg.blocked_policy()?;
+    let max_wait = policy.retry.in_process_max_wait;
+    let mut fleet = Fleet::new(cfg.flow(strategy)?, cfg.processes, seed, !strategy.breaker);
+    let process = |c: u32| (c % cfg.processes.max(1)) as usize;
     let mut out = RunResult::default();
     let mut q = Queue::with_capacity(n);
     let mut attempts = vec![1u32; n];
     let mut prev: Vec<Option<Duration>> = vec![None; n];
     let mut sent_at = vec![0u64; n];
+    let mut probe = vec![false; n];
     let mut done = 0u32;
     let mut last = 0u64;
-    let mut pause_until = 0u64;
-    let mut breaker = strategy
-        .breaker
-        .then(|| CircuitBreaker::new(cfg.breaker.clone(), seed));
     let burst = f64::from(cfg.burst_size());
     let mut tokens = burst;
     let mut refilled_at = 0u64;
     let horizon = ns(cfg.horizon);
     let ra_header = cfg.retry_after.map(|s| s.to_string());
 
-    // The trigger: every call failed at t = 0 with a 503.
+    // The trigger: every call failed at t = 0 with a 503, and each process saw its own.
     for c in 0..clients {
-        if let Some(b) = breaker.as_mut() {
-            b.record(
-                FailureClass::Infrastructure,
-                Duration::from_millis(20),
-                ts(0),
-            );
-        }
+        fleet.after_call(
+            process(c),
+            false,
+            FailureClass::Infrastructure,
+            TRIGGER_TOOK,
+            None,
+            0,
+            rng,
+        );
         if cfg.max_attempts <= 1 {
             out.failed += 1;
             continue;
@@ -242,12 +279,14 @@ pub(crate) fn run<R: Rng + ?Sized>(
     if cfg.max_attempts <= 1 {
         return Ok(out);
     }
+    q.push(TICK_NS, 0, TICK, 0);
 
-    let defer = |until_ns: u64, reason, now: u64, rng: &mut R| -> u64 {
-        match blocked.decide_blocked(&JobCounters::default(), ts(until_ns), reason, ts(now), rng) {
-            Action::Defer { until, .. } => ns_since_origin(until).max(now + 1),
+    // A deferral (not an attempt): to the block's end plus the policy's spread.
+    let defer = |until: Timestamp, reason, now: u64, rng: &mut R| -> u64 {
+        match policy.decide_blocked(&JobCounters::default(), until, reason, ts(now), rng) {
+            Action::Defer { until, .. } => ns_of(until).max(now + 1),
             // No deadline is set, so decide_blocked always defers; keep going regardless.
-            _ => until_ns.max(now + 1),
+            _ => ns_of(until).max(now + 1),
         }
     };
 
@@ -257,25 +296,24 @@ pub(crate) fn run<R: Rng + ?Sized>(
         }
         let ci = c as usize;
         match kind {
-            WAKE => {
-                if strategy.retry_after && t < pause_until {
-                    out.blocked += 1;
-                    let at = defer(pause_until, DeferReason::Paused, t, rng);
-                    q.push(at, c, WAKE, 0);
-                    continue;
+            TICK => {
+                fleet.tick(t, rng);
+                if done + out.failed < clients {
+                    q.push(t + TICK_NS, 0, TICK, 0);
                 }
-                if let Some(b) = breaker.as_mut()
-                    && let (Admission::Rejected { until }, _) = b.admit(ts(t))
-                {
-                    out.blocked += 1;
-                    let until = until.map_or(t + ns(cfg.blocked_jitter), ns_since_origin);
-                    let at = defer(until, DeferReason::BreakerOpen, t, rng);
-                    q.push(at, c, WAKE, 0);
-                    continue;
-                }
-                sent_at[ci] = t;
-                q.push(t + cfg.net.delay_ns(rng), c, AT_SERVER, 0);
             }
+            WAKE => match fleet.before_call(process(c), true, max_wait, t, rng) {
+                Gate::Blocked { until, reason } => {
+                    out.blocked += 1;
+                    q.push(defer(until, reason, t, rng), c, WAKE, 0);
+                }
+                Gate::Call { at_ns, probe: p } => {
+                    // A send slot later than now is waited for in process.
+                    probe[ci] = p;
+                    sent_at[ci] = at_ns;
+                    q.push(at_ns + cfg.net.delay_ns(rng), c, AT_SERVER, 0);
+                }
+            },
             AT_SERVER => {
                 out.count_call(t);
                 let in_outage = cfg.outage.is_some_and(|o| {
@@ -285,9 +323,9 @@ pub(crate) fn run<R: Rng + ?Sized>(
                 let answer = if in_outage {
                     503
                 } else {
-                    let dt = (t - refilled_at) as f64 / 1e9;
+                    let dt = t.saturating_sub(refilled_at) as f64 / 1e9;
                     tokens = (tokens + dt * cfg.capacity).min(burst);
-                    refilled_at = t;
+                    refilled_at = refilled_at.max(t);
                     if tokens >= 1.0 {
                         tokens -= 1.0;
                         200
@@ -296,7 +334,9 @@ pub(crate) fn run<R: Rng + ?Sized>(
                             | if cfg.retry_after.is_some() { RA_BIT } else { 0 }
                     }
                 };
-                if answer != 200 {
+                if answer == 200 {
+                    out.count_served(t);
+                } else {
                     out.wasted += 1;
                 }
                 q.push(t + cfg.net.delay_ns(rng), c, REPLY, answer);
@@ -308,9 +348,19 @@ pub(crate) fn run<R: Rng + ?Sized>(
                     429 => FailureClass::RateLimited,
                     _ => FailureClass::Infrastructure,
                 };
-                if let Some(b) = breaker.as_mut() {
-                    b.record(class, Duration::from_nanos(t - sent_at[ci]), ts(t));
-                }
+                // R6: a valid Retry-After wins over the formula (clamped); R19: it pauses the
+                // fleet, through the report of this call.
+                let server_wait = match (&ra_header, payload & RA_BIT != 0) {
+                    (Some(h), true) if strategy.retry_after => {
+                        retry_after_clamped(h, ts(t), cfg.retry_after_max)
+                    }
+                    _ => None,
+                };
+                let pause_until = server_wait
+                    .filter(|_| class == FailureClass::RateLimited)
+                    .map(|w| ts(t + ns(w)));
+                let took = Duration::from_nanos(t - sent_at[ci]);
+                fleet.after_call(process(c), probe[ci], class, took, pause_until, t, rng);
                 if status == 200 {
                     done += 1;
                     last = t;
@@ -322,25 +372,23 @@ pub(crate) fn run<R: Rng + ?Sized>(
                     last = t;
                     continue;
                 }
-                // R6: a valid Retry-After wins over the formula (clamped); R19: it pauses the fleet.
-                let server_wait = match (&ra_header, payload & RA_BIT != 0) {
-                    (Some(h), true) if strategy.retry_after => {
-                        retry_after_clamped(h, ts(t), cfg.retry_after_max)
-                    }
-                    _ => None,
-                };
                 let d = match server_wait {
-                    Some(wait) => {
-                        pause_until = pause_until.max(t + ns(wait));
-                        wait
-                    }
+                    Some(wait) => wait,
                     None => {
                         let d = retrier.delay(attempts[ci], prev[ci], rng);
                         prev[ci] = Some(d);
                         d
                     }
                 };
-                q.push(t + ns(d), c, WAKE, 0);
+                // A wait that would end while the row still blocks calls: defer instead.
+                let wake = match fleet.blocked_until(t) {
+                    Some((until, reason)) if ns_of(until) > t + ns(d) => {
+                        out.blocked += 1;
+                        defer(until, reason, t, rng)
+                    }
+                    _ => t + ns(d),
+                };
+                q.push(wake, c, WAKE, 0);
             }
         }
     }

@@ -53,6 +53,8 @@ pub struct RunResult {
     pub blocked: u64,
     /// Calls per 100 ms bucket, from the start.
     pub timeline: Vec<u32>,
+    /// Calls that succeeded per 100 ms bucket, from the start (`capacity` only).
+    pub served: Vec<u32>,
 }
 
 impl RunResult {
@@ -63,16 +65,39 @@ impl RunResult {
 
     pub(crate) fn count_call(&mut self, t_ns: u64) {
         self.calls += 1;
-        let b = usize::try_from(t_ns / BUCKET_NS).unwrap_or(usize::MAX);
-        if b >= self.timeline.len() {
-            // Simulated time is bounded by the models' horizons; guard anyway.
-            if b > 10_000_000 {
-                return;
-            }
-            self.timeline.resize(b + 1, 0);
+        if let Some(b) = bucket(&mut self.timeline, t_ns) {
+            *b += 1;
         }
-        self.timeline[b] += 1;
     }
+
+    pub(crate) fn count_served(&mut self, t_ns: u64) {
+        if let Some(b) = bucket(&mut self.served, t_ns) {
+            *b += 1;
+        }
+    }
+
+    /// Calls that succeeded per second between `from` and `to` (whole 100 ms buckets).
+    pub fn served_per_s(&self, from: Duration, to: Duration) -> f64 {
+        let (a, b) = (
+            (ns(from) / BUCKET_NS) as usize,
+            (ns(to) / BUCKET_NS) as usize,
+        );
+        let n: u32 = self.served.iter().take(b).skip(a).sum();
+        f64::from(n) / (to.saturating_sub(from)).as_secs_f64().max(1e-9)
+    }
+}
+
+/// The 100 ms bucket of `t_ns` in `timeline`, grown to hold it.
+fn bucket(timeline: &mut Vec<u32>, t_ns: u64) -> Option<&mut u32> {
+    let b = usize::try_from(t_ns / BUCKET_NS).unwrap_or(usize::MAX);
+    if b >= timeline.len() {
+        // Simulated time is bounded by the models' horizons; guard anyway.
+        if b > 10_000_000 {
+            return None;
+        }
+        timeline.resize(b + 1, 0);
+    }
+    timeline.get_mut(b)
 }
 
 /// A message in a model's event queue: `(time ns, sequence, client, kind, payload)`.
@@ -139,5 +164,16 @@ mod tests {
         assert_eq!(r.timeline, vec![2, 1, 0, 1]);
         assert_eq!(r.peak(), 2);
         assert_eq!(r.calls, 4);
+        r.count_served(150_000_000);
+        r.count_served(250_000_000);
+        assert_eq!(r.served, vec![0, 1, 1]);
+        assert_eq!(
+            r.served_per_s(Duration::ZERO, Duration::from_millis(300)),
+            2.0 / 0.3
+        );
+        assert_eq!(
+            r.served_per_s(Duration::from_millis(200), Duration::from_secs(1)),
+            1.0 / 0.8
+        );
     }
 }

@@ -52,14 +52,15 @@ impl OccConfig {
     /// The strategy's delay calculator for this model.
     ///
     /// # Errors
-    /// [`SimError::InvalidConfig`] for `+ra` or `+breaker` (the OCC server sends no
-    /// `Retry-After` and a conflict is not an outage), and the strategy's own errors.
+    /// [`SimError::InvalidConfig`] for `+ra`, `+breaker`, `+limit` or `+adaptive` (the OCC
+    /// server sends no `Retry-After`, has no rate limit, and a conflict is not an outage), and
+    /// the strategy's own errors.
     pub fn retrier(&self, strategy: &Strategy) -> Result<Retrier, SimError> {
-        if strategy.retry_after || strategy.breaker {
+        if strategy.has_flow_control() {
             return Err(SimError::config(
                 "strategy",
                 strategy,
-                "+ra and +breaker apply to the capacity model only",
+                "+ra, +breaker, +limit and +adaptive apply to the capacity model only",
             ));
         }
         strategy.retrier(self.base, self.cap, self.exponent_offset)

@@ -1,12 +1,14 @@
 //! Retry strategies as the simulator's clients use them, parsed from `--strategy`.
 //!
-//! A strategy is a delay shape (which backoff and which jitter) and two switches: whether the
-//! client honours the server's `Retry-After` (R6, with the fleet-wide pause of R19), and
-//! whether a circuit breaker (R9, shared by the fleet) stands in front of the PSP. The delays
-//! themselves come from `redrive_policy`'s [`Backoff::nominal`] and [`Jitter::apply`]: the
-//! simulator has no backoff maths of its own.
+//! A strategy is a delay shape (which backoff and which jitter) and the fleet's flow control
+//! toward the PSP: whether the client honours the server's `Retry-After` (R6, with the
+//! fleet-wide pause of R19), whether a circuit breaker (R9, shared by the fleet) stands in
+//! front of the PSP, and which rate limit the fleet keeps (R21: none, a configured one, or one
+//! learned from 429s). The delays themselves come from `redrive_policy`'s
+//! [`Backoff::nominal`] and [`Jitter::apply`], and the flow control from its
+//! [`FlowConfig`](redrive_policy::FlowConfig): the simulator has no retry maths of its own.
 //!
-//! Grammar: `SHAPE[+ra][+breaker]`, where `SHAPE` is one of
+//! Grammar: `SHAPE[+ra][+breaker][+limit|+adaptive]`, where `SHAPE` is one of
 //! `none` (call again at once), `constant` or `constant(D)`, `exponential` (no jitter),
 //! `full`, `equal`, `decorrelated`, `proportional(F)`, or `schedule(D,D,...)`.
 
@@ -21,7 +23,8 @@ use crate::error::SimError;
 
 /// The accepted forms, for error messages.
 pub const STRATEGY_FORMS: &str = "none, constant[(D)], exponential, full, equal, decorrelated, \
-     proportional(F), schedule(D,D,...), optionally followed by +ra and/or +breaker";
+     proportional(F), schedule(D,D,...), optionally followed by +ra, +breaker, and +limit or \
+     +adaptive";
 
 /// How the delay before the next call is chosen.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,6 +39,18 @@ pub enum Shape {
     Schedule(Vec<Duration>),
 }
 
+/// The fleet's own rate limit toward the PSP (R21).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RateMode {
+    /// No limiter (`RateConfig::off()`): the workers call as their delays say.
+    #[default]
+    Off,
+    /// `+limit`: a configured limit equal to the PSP's capacity (`RateConfig::fixed`).
+    Limit,
+    /// `+adaptive`: no configured limit; learned from 429s (`RateConfig::adaptive()`).
+    Adaptive,
+}
+
 /// One strategy to simulate.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Strategy {
@@ -45,16 +60,31 @@ pub struct Strategy {
     pub retry_after: bool,
     /// Put one circuit breaker, shared by the fleet, in front of the PSP (R9, R10, R19).
     pub breaker: bool,
+    /// The fleet's rate limit (R21).
+    pub rate: RateMode,
 }
 
 impl Strategy {
-    /// A strategy of this shape, without `Retry-After` and without a breaker.
+    /// A strategy of this shape, without `Retry-After`, breaker or rate limit.
     pub const fn new(shape: Shape) -> Self {
         Self {
             shape,
             retry_after: false,
             breaker: false,
+            rate: RateMode::Off,
         }
+    }
+
+    /// The same strategy with this rate limit.
+    pub fn with_rate(mut self, rate: RateMode) -> Self {
+        self.rate = rate;
+        self
+    }
+
+    /// Whether the strategy uses any of the capacity model's flow control (`+ra`, `+breaker`,
+    /// `+limit`, `+adaptive`).
+    pub fn has_flow_control(&self) -> bool {
+        self.retry_after || self.breaker || self.rate != RateMode::Off
     }
 
     /// The same strategy honouring `Retry-After`.
@@ -209,6 +239,11 @@ impl fmt::Display for Strategy {
         if self.breaker {
             f.write_str("+breaker")?;
         }
+        match self.rate {
+            RateMode::Off => {}
+            RateMode::Limit => f.write_str("+limit")?,
+            RateMode::Adaptive => f.write_str("+adaptive")?,
+        }
         Ok(())
     }
 }
@@ -264,7 +299,7 @@ impl FromStr for Shape {
 impl FromStr for Strategy {
     type Err = SimError;
 
-    /// Reads `SHAPE[+ra][+breaker]` (see the module docs).
+    /// Reads `SHAPE[+ra][+breaker][+limit|+adaptive]` (see the module docs).
     fn from_str(s: &str) -> Result<Self, SimError> {
         let err = |reason: String| SimError::InvalidStrategy {
             value: s.to_owned(),
@@ -277,9 +312,24 @@ impl FromStr for Strategy {
             match m.trim() {
                 "ra" | "retry-after" | "retry_after" => st.retry_after = true,
                 "breaker" => st.breaker = true,
+                m @ ("limit" | "adaptive") => {
+                    let mode = if m == "limit" {
+                        RateMode::Limit
+                    } else {
+                        RateMode::Adaptive
+                    };
+                    if st.rate != RateMode::Off && st.rate != mode {
+                        return Err(err(
+                            "+limit and +adaptive exclude each other: a configured limit, or one \
+                             learned from 429s"
+                                .into(),
+                        ));
+                    }
+                    st.rate = mode;
+                }
                 other => {
                     return Err(err(format!(
-                        "unknown modifier +{other}; expected +ra or +breaker"
+                        "unknown modifier +{other}; expected +ra, +breaker, +limit or +adaptive"
                     )));
                 }
             }
@@ -313,6 +363,9 @@ mod tests {
             "full+ra",
             "exponential+ra+breaker",
             "full+breaker",
+            "full+limit",
+            "full+ra+adaptive",
+            "decorrelated+ra+breaker+limit",
         ] {
             let st: Strategy = s.parse().unwrap();
             assert_eq!(st.to_string(), s);
@@ -335,6 +388,8 @@ mod tests {
             "schedule(1,2)",
             "constant(0s)",
             "full+turbo",
+            "full+limit+adaptive",
+            "full+adaptive+limit",
         ] {
             let e = bad.parse::<Strategy>().and_then(|s| {
                 s.retrier(ms(5), ms(2000), 0)?;

@@ -25,6 +25,10 @@ pub(crate) const LIMIT_RPS: f64 = 80.0;
 pub(crate) const ERROR_RATE: f64 = 0.2;
 /// The share of charges whose answer is lost after the charge was made.
 pub(crate) const LOST_ANSWERS: f64 = 0.05;
+/// The charges' timeout per call (the `http` payloads' `timeout_ms`).
+pub(crate) const CALL_TIMEOUT: Duration = Duration::from_millis(1000);
+/// How often the demo's idle worker looks for work.
+pub(crate) const POLL_INTERVAL: Duration = Duration::from_millis(50);
 
 pub(crate) fn policies() -> anyhow::Result<(PolicySet, RetryPolicy)> {
     // The payment preset, with demo-sized budgets: more attempts (every 429 is one) and a defer

@@ -9,4 +9,5 @@ pub(crate) mod psp_sim;
 pub(crate) mod queue;
 pub(crate) mod serve;
 pub(crate) mod simulate;
+pub(crate) mod simulate_demo;
 pub(crate) mod work;

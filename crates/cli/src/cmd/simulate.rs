@@ -13,6 +13,9 @@ use crate::args::{Global, SimulateArgs, parse_duration};
 use crate::error::usage;
 
 pub(crate) fn run(_global: &Global, args: SimulateArgs) -> anyhow::Result<ExitCode> {
+    if let Some(name) = &args.scenario {
+        return crate::cmd::simulate_demo::run(&args, name);
+    }
     let cfg = resolve(&args)?;
     let bar = progress(&cfg);
     let report = redrive_sim::sweep(&cfg, &|n| bar.inc(n)).map_err(sim_error)?;
@@ -60,9 +63,9 @@ fn sim_error(e: SimError) -> anyhow::Error {
     }
 }
 
-fn resolve(a: &SimulateArgs) -> anyhow::Result<SweepConfig> {
-    let clients = parse_clients(&a.clients)?;
-    if let Some(p) = &a.plot {
+/// Refuses a `--plot` file that is neither `.svg` nor `.png`.
+pub(crate) fn check_plot(plot: Option<&std::path::Path>) -> anyhow::Result<()> {
+    if let Some(p) = plot {
         let ext = p
             .extension()
             .and_then(|e| e.to_str())
@@ -74,6 +77,12 @@ fn resolve(a: &SimulateArgs) -> anyhow::Result<SweepConfig> {
             )));
         }
     }
+    Ok(())
+}
+
+fn resolve(a: &SimulateArgs) -> anyhow::Result<SweepConfig> {
+    let clients = parse_clients(a.clients.as_deref().unwrap_or("100"))?;
+    check_plot(a.plot.as_deref())?;
     let model = match a.model.trim() {
         "occ" => {
             let capacity_only = [
@@ -83,6 +92,7 @@ fn resolve(a: &SimulateArgs) -> anyhow::Result<SweepConfig> {
                 (a.retry_after.is_some(), "--retry-after"),
                 (a.outage.is_some(), "--outage"),
                 (a.max_attempts.is_some(), "--max-attempts"),
+                (a.processes.is_some(), "--processes"),
             ];
             if let Some((_, flag)) = capacity_only.iter().find(|(given, _)| *given) {
                 return Err(usage(format!("{flag} applies to --model capacity only")));
@@ -99,6 +109,7 @@ fn resolve(a: &SimulateArgs) -> anyhow::Result<SweepConfig> {
             c.capacity = a.capacity.unwrap_or(c.capacity);
             c.burst = a.burst.or(c.burst);
             c.max_attempts = a.max_attempts.unwrap_or(c.max_attempts);
+            c.processes = a.processes.unwrap_or(c.processes);
             c.overload = match a.overload {
                 None | Some(429) => Overload::TooManyRequests,
                 Some(503) => Overload::Unavailable,
@@ -158,7 +169,7 @@ fn resolve(a: &SimulateArgs) -> anyhow::Result<SweepConfig> {
         model,
         strategies,
         clients,
-        runs: a.runs,
+        runs: a.runs.unwrap_or(100),
         seed: a.seed,
     })
 }
@@ -184,7 +195,7 @@ fn split_list(s: &str) -> Vec<String> {
     out
 }
 
-fn parse_clients(s: &str) -> anyhow::Result<Vec<u32>> {
+pub(crate) fn parse_clients(s: &str) -> anyhow::Result<Vec<u32>> {
     let mut out = vec![];
     for part in s.split(',') {
         let n: u32 = part.trim().parse().map_err(|_| {
@@ -232,6 +243,7 @@ fn flag_message(e: SimError) -> String {
                 "capacity" => "--capacity",
                 "burst" => "--burst",
                 "max attempts" => "--max-attempts",
+                "processes" => "--processes",
                 _ => return e.to_string(),
             };
             format!("invalid {flag} {value}: must be {reason}")

@@ -304,31 +304,6 @@ fn invalid_config_names_the_field() {
     }
 }
 
-#[test]
-fn shared_breaker_counts_from_two_threads() {
-    let b = std::sync::Arc::new(SharedBreaker::new(
-        BreakerConfig::builder()
-            .with_window(Window::Count { size: 1000 })
-            .with_minimum_calls(1000)
-            .build()
-            .unwrap(),
-        1,
-    ));
-    let hs: Vec<_> = (0..2)
-        .map(|_| {
-            let b = b.clone();
-            std::thread::spawn(move || {
-                for _ in 0..500 {
-                    b.admit(t0());
-                    b.record(FailureClass::Success, D, t0());
-                }
-            })
-        })
-        .collect();
-    hs.into_iter().for_each(|h| h.join().unwrap());
-    assert_eq!(b.with(|x| x.window_counts(t0())), (1000, 0, 0));
-}
-
 #[derive(Debug, Clone)]
 enum Op {
     Admit(i64),

@@ -1,0 +1,314 @@
+//! The simulated fleet's flow control: one shared [`FlowRow`] (what the store keeps for the
+//! dependency), one [`FlowClient`] per simulated worker process, and every call through the
+//! client's protocol exactly as the runtime's worker makes it (R23):
+//!
+//! ```text
+//! before_call ─▶ Call / CallAt(slot) ─────────────────────────────▶ call ─▶ after_call
+//!      │      └▶ Apply(event) ─▶ FlowConfig::apply ─▶ granted ─▶ …            │
+//!      └▶ Blocked ─▶ RetryPolicy::decide_blocked (deferred, not an attempt)   ▼
+//!                                              report ─▶ FlowConfig::apply ─▶ reported
+//! ```
+//!
+//! Why a module of its own: both models (`capacity` and `queue`) call through here, so
+//! neither has a breaker, a pause or a limiter of its own; they only move simulated time.
+//! The row is read and written with no delay (a single process's writes update its cached
+//! row at once in the runtime too).
+
+use std::time::Duration;
+
+use chrono::DateTime;
+use rand::Rng;
+use redrive_policy::{
+    BreakerMode, Check, DeferReason, FailureClass, FlowClient, FlowConfig, FlowEvent, FlowRow,
+    Next, Timestamp, Transition,
+};
+
+/// 2026-01-01T00:00:00Z in microseconds: the simulated clock's origin.
+const ORIGIN_US: i64 = 1_767_225_600_000_000;
+
+/// Simulated time (nanoseconds from the start) as a wall-clock instant (microsecond
+/// precision, as the flow core keeps its slots).
+pub(crate) fn ts(t_ns: u64) -> Timestamp {
+    DateTime::from_timestamp_micros(ORIGIN_US + (t_ns / 1_000) as i64)
+        .unwrap_or(DateTime::<chrono::Utc>::MAX_UTC)
+}
+
+/// A wall-clock instant as simulated time (0 for anything before the start).
+pub(crate) fn ns_of(t: Timestamp) -> u64 {
+    u64::try_from(t.timestamp_micros() - ORIGIN_US)
+        .unwrap_or(0)
+        .saturating_mul(1_000)
+}
+
+/// What a worker does about its next call, once the protocol has run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Gate {
+    /// Call at `at_ns` (now, or a send slot of the rate limit waited for in process);
+    /// `probe` when the call is one of the half-open probes.
+    Call { at_ns: u64, probe: bool },
+    /// Don't call before `until`: the job is deferred (not an attempt).
+    Blocked {
+        until: Timestamp,
+        reason: DeferReason,
+    },
+}
+
+/// The fleet's side of one dependency: its shared row and each process's client.
+#[derive(Debug)]
+pub(crate) struct Fleet {
+    cfg: FlowConfig,
+    row: FlowRow,
+    clients: Vec<FlowClient>,
+    transitions: Vec<Transition>,
+    writes: u64,
+}
+
+impl Fleet {
+    /// A fleet of `processes` worker processes (at least one) calling one dependency with
+    /// `cfg`. `forced_closed`: the row is forced closed (the operator's override), so there is
+    /// no breaker at all.
+    pub(crate) fn new(cfg: FlowConfig, processes: u32, seed: u64, forced_closed: bool) -> Self {
+        let clients = (0..processes.max(1))
+            .map(|p| FlowClient::new(cfg.clone(), seed ^ u64::from(p).rotate_left(32)))
+            .collect();
+        let row = FlowRow {
+            mode: if forced_closed {
+                BreakerMode::ForcedClosed
+            } else {
+                BreakerMode::Normal
+            },
+            ..FlowRow::default()
+        };
+        Self {
+            cfg,
+            row,
+            clients,
+            transitions: Vec::new(),
+            writes: 0,
+        }
+    }
+
+    /// The shared row.
+    pub(crate) fn row(&self) -> &FlowRow {
+        &self.row
+    }
+
+    /// Every change of the breaker's state, in order.
+    pub(crate) fn transitions(&self) -> &[Transition] {
+        &self.transitions
+    }
+
+    /// Events applied that changed the row (store writes).
+    #[cfg(test)]
+    pub(crate) fn writes(&self) -> u64 {
+        self.writes
+    }
+
+    fn apply<R: Rng + ?Sized>(
+        &mut self,
+        ev: FlowEvent,
+        now: Timestamp,
+        rng: &mut R,
+    ) -> redrive_policy::Grant {
+        let step = self.cfg.apply(&self.row, ev, now, rng);
+        if step.changed {
+            self.writes += 1;
+        }
+        self.row = step.row;
+        if let Some(t) = step.transition {
+            self.transitions.push(t);
+        }
+        step.grant
+    }
+
+    /// Before a call of process `p`: `retry` when the job has been attempted before, `max_wait`
+    /// the policy's `in_process_max_wait`.
+    pub(crate) fn before_call<R: Rng + ?Sized>(
+        &mut self,
+        p: usize,
+        retry: bool,
+        max_wait: Duration,
+        now_ns: u64,
+        rng: &mut R,
+    ) -> Gate {
+        let now = ts(now_ns);
+        let mut next = self.clients[p].before_call(&self.row, retry, max_wait, now);
+        if let Next::Apply(ev) = next {
+            let grant = self.apply(ev, now, rng);
+            next = self.clients[p].granted(grant, now);
+        }
+        match next {
+            Next::Call { probe } => Gate::Call {
+                at_ns: now_ns,
+                probe,
+            },
+            Next::CallAt { at } => Gate::Call {
+                at_ns: ns_of(at).max(now_ns),
+                probe: false,
+            },
+            Next::Blocked { until, reason } => Gate::Blocked { until, reason },
+            // `granted` never asks for a second event; were it to, look again shortly.
+            Next::Apply(_) => Gate::Blocked {
+                until: ts(now_ns + 1_000_000),
+                reason: DeferReason::Throttled,
+            },
+        }
+    }
+
+    /// After a call of process `p`: its report, if any, applied to the row. `pause_until` is
+    /// the server's `Retry-After` as an instant (for a rate-limited answer).
+    #[allow(clippy::too_many_arguments)] // the protocol's own arguments, plus the process
+    pub(crate) fn after_call<R: Rng + ?Sized>(
+        &mut self,
+        p: usize,
+        probe: bool,
+        class: FailureClass,
+        took: Duration,
+        pause_until: Option<Timestamp>,
+        now_ns: u64,
+        rng: &mut R,
+    ) {
+        let now = ts(now_ns);
+        if let Some(ev) =
+            self.clients[p].after_call(&self.row, probe, class, took, pause_until, now)
+        {
+            self.apply(ev, now, rng);
+            self.clients[p].reported(&self.row, now);
+        }
+    }
+
+    /// Housekeeping ([`FlowEvent::Tick`]): an open breaker whose cool-down ended goes
+    /// half-open; a half-open round that timed out starts again.
+    pub(crate) fn tick<R: Rng + ?Sized>(&mut self, now_ns: u64, rng: &mut R) {
+        self.apply(FlowEvent::Tick, ts(now_ns), rng);
+    }
+
+    /// When a wait in process would be pointless: the row blocks calls until then.
+    pub(crate) fn blocked_until(&self, now_ns: u64) -> Option<(Timestamp, DeferReason)> {
+        match self.cfg.check(&self.row, ts(now_ns)) {
+            Check::Blocked { until, reason } => Some((until, reason)),
+            _ => None,
+        }
+    }
+
+    /// Whether the store's claim query hands out jobs of this dependency now: not while it is
+    /// paused, open (cool-down running) or half-open with no probe permit left.
+    pub(crate) fn claimable(&self, now_ns: u64) -> bool {
+        use redrive_policy::BreakerState::*;
+        let now = ts(now_ns);
+        let r = &self.row;
+        let paused = r.paused_until.is_some_and(|p| p > now);
+        let open = r.state == Open && r.open_until.is_none_or(|u| u > now);
+        let no_probe = r.state == HalfOpen && r.probe_permits == 0;
+        !(paused || open || no_probe)
+    }
+
+    /// The earliest time the claim query could hand out a job due at `run_at_ns` (the store's
+    /// `next_due`): not before a pause or an open breaker's cool-down ends.
+    pub(crate) fn next_due(&self, run_at_ns: u64) -> u64 {
+        let r = &self.row;
+        let mut t = run_at_ns;
+        if let Some(p) = r.paused_until {
+            t = t.max(ns_of(p));
+        }
+        if r.state == redrive_policy::BreakerState::Open
+            && let Some(u) = r.open_until
+        {
+            t = t.max(ns_of(u));
+        }
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand::rngs::SmallRng;
+    use redrive_policy::{BreakerConfig, BreakerState, RateConfig, Window};
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn times_round_trip_to_the_microsecond() {
+        for t in [0, 1_000, 12_500_000, 3_600_000_000_000] {
+            assert_eq!(ns_of(ts(t)), t);
+        }
+        assert_eq!(ns_of(ts(1_999)), 1_000);
+    }
+
+    #[test]
+    fn a_fixed_limit_hands_out_spaced_slots() {
+        let cfg = FlowConfig::default().with_rate(RateConfig::fixed(100.0).unwrap().with_burst(0));
+        let mut f = Fleet::new(cfg, 1, 1, true);
+        let mut rng = SmallRng::seed_from_u64(1);
+        let wait = Duration::from_secs(1);
+        let at: Vec<u64> = (0..12)
+            .map(|_| match f.before_call(0, false, wait, 0, &mut rng) {
+                Gate::Call { at_ns, probe } => {
+                    assert!(!probe);
+                    at_ns
+                }
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let want: Vec<u64> = (0..12).map(|i| i * 10 * MS).collect();
+        assert_eq!(at, want);
+        // Two reservations (10 slots each) for twelve calls.
+        assert_eq!(f.writes(), 2);
+    }
+
+    #[test]
+    fn forced_closed_never_opens_and_open_blocks_the_claim() {
+        let b = BreakerConfig::builder()
+            .with_window(Window::Count { size: 10 })
+            .with_minimum_calls(5)
+            .with_open_cooldown(Duration::from_secs(1))
+            .with_cooldown_jitter(0.0)
+            .build()
+            .unwrap();
+        let cfg = FlowConfig::default()
+            .with_breaker(b)
+            .with_rate(RateConfig::off());
+        let mut rng = SmallRng::seed_from_u64(1);
+        let d = Duration::from_millis(10);
+        let mut closed = Fleet::new(cfg.clone(), 1, 1, true);
+        let mut normal = Fleet::new(cfg, 1, 1, false);
+        for f in [&mut closed, &mut normal] {
+            for i in 0..5 {
+                f.after_call(
+                    0,
+                    false,
+                    FailureClass::Infrastructure,
+                    d,
+                    None,
+                    i * MS,
+                    &mut rng,
+                );
+            }
+        }
+        assert_eq!(closed.row().state, BreakerState::Closed);
+        assert!(closed.claimable(5 * MS));
+        assert_eq!(normal.row().state, BreakerState::Open);
+        assert!(!normal.claimable(5 * MS));
+        assert_eq!(normal.next_due(0), 1004 * MS);
+        assert!(matches!(
+            normal.before_call(0, true, d, 5 * MS, &mut rng),
+            Gate::Blocked {
+                reason: DeferReason::BreakerOpen,
+                ..
+            }
+        ));
+        // After the cool-down: probes, and the claim hands jobs out again.
+        assert!(normal.claimable(1004 * MS));
+        assert_eq!(
+            normal.before_call(0, true, d, 1004 * MS, &mut rng),
+            Gate::Call {
+                at_ns: 1004 * MS,
+                probe: true
+            }
+        );
+        assert_eq!(normal.row().state, BreakerState::HalfOpen);
+        assert_eq!(normal.transitions().len(), 2);
+    }
+}
