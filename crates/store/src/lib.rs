@@ -46,8 +46,9 @@ pub use error::{Result, StoreError};
 pub use insights::{AttemptBucket, DeadGroup, DeadReasonCount, MAX_DEAD_SCAN, error_signature};
 pub use model::{
     Attempt, BreakerUpdate, ClaimParams, Completion, Dependency, DependencyEvent, Enqueued, Job,
-    JobId, JobState, Lease, ListParams, MAX_BATCH, MAX_MAX_ATTEMPTS, MAX_NAME_LEN, NewAttempt,
-    NewJob, Page, QueueCount, Rescued, Selection, Transition, from_millis,
+    JobId, JobState, Lease, ListParams, MAX_BATCH, MAX_MAX_ATTEMPTS, MAX_NAME_LEN, MAX_PRIORITY,
+    MIN_PRIORITY, NewAttempt, NewJob, Page, QueueCount, Rescued, Selection, Transition,
+    from_millis,
 };
 pub use postgres::PgStore;
 pub use redrive_policy::Timestamp;
