@@ -712,6 +712,31 @@ mod tests {
     }
 
     #[test]
+    fn url_literals_are_checked_in_every_spelling() {
+        let p = EgressPolicy::default();
+        for u in [
+            "http://169.254.169.254/latest/meta-data/",
+            "http://[::ffff:169.254.169.254]/",
+            "http://0xa9fea9fe/",
+            "http://2852039166/",
+            "http://169.254.169.254.:80/",
+            "http://[fe80::1]/",
+            "http://0.0.0.0:8080/",
+            "http://metadata.google.internal/computeMetadata/v1/",
+        ] {
+            let url = reqwest::Url::parse(u).unwrap();
+            assert!(p.check_url(&url).is_err(), "{u} ({:?})", url.host_str());
+        }
+        for u in [
+            "http://127.0.0.1:8081/",
+            "https://psp.example/v1",
+            "http://[::1]/",
+        ] {
+            p.check_url(&reqwest::Url::parse(u).unwrap()).unwrap();
+        }
+    }
+
+    #[test]
     fn ranges_contain_what_they_should() {
         let n = IpNet::new(ip("10.0.0.0"), 8).unwrap();
         assert!(n.contains(ip("10.255.0.1")));
