@@ -5,6 +5,7 @@
 //! was made — shows progress with the live breaker state, then prints what happened and draws
 //! the PSP's load over time with the open-breaker windows shaded.
 
+use crate::out::outln;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -180,13 +181,13 @@ pub(crate) fn run(_global: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
             store.enqueue_many(chunk, Utc::now()).await?;
         }
         if !a.json {
-            println!(
+            outln!(
                 "redrive demo: {n} charges, {} workers, PSP simulator at {}",
                 a.concurrency,
                 sim.url()
             );
             if !a.no_faults {
-                println!(
+                outln!(
                     "scenario: 20% 5xx, rate limit 80/s with Retry-After {RETRY_AFTER_S}s, outage {}s..{}s, 5% answers lost after the charge",
                     OUTAGE.0,
                     OUTAGE.0 + OUTAGE.1
@@ -273,9 +274,9 @@ pub(crate) fn run(_global: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
         sim.shutdown().await;
 
         if a.json {
-            println!("{}", serde_json::to_string_pretty(&report)?);
+            outln!("{}", serde_json::to_string_pretty(&report)?);
         } else {
-            print_report(&report);
+            print_report(&report)?;
         }
         if !finished {
             anyhow::bail!("the demo did not finish within {}s", a.timeout_s);
@@ -456,10 +457,10 @@ async fn report(
     })
 }
 
-fn print_report(r: &Report) {
-    println!();
-    println!("finished in {:.1}s ({:.0} jobs/s)", r.seconds, r.jobs_per_s);
-    println!(
+fn print_report(r: &Report) -> anyhow::Result<()> {
+    outln!();
+    outln!("finished in {:.1}s ({:.0} jobs/s)", r.seconds, r.jobs_per_s);
+    outln!(
         "  succeeded          {}/{}",
         r.succeeded, r.charges_enqueued
     );
@@ -469,7 +470,7 @@ fn print_report(r: &Report) {
         .iter()
         .map(|(k, v)| format!("{k} {v}"))
         .collect();
-    println!(
+    outln!(
         "  dead               {dead}{}",
         if reasons.is_empty() {
             String::new()
@@ -482,26 +483,26 @@ fn print_report(r: &Report) {
         .iter()
         .map(|(k, v)| format!("{k} {v}"))
         .collect();
-    println!(
+    outln!(
         "  attempts           {} ({})",
         r.attempts_by_class.values().sum::<u64>(),
         classes.join(", ")
     );
-    println!(
+    outln!(
         "  after a failure    {} retried in process, {} deferred",
         r.retries_in_process, r.defers
     );
-    println!(
+    outln!(
         "  Retry-After        {} calls came back early",
         r.retries_before_retry_after
     );
-    println!(
+    outln!(
         "  breaker            {} transitions, {} PSP requests while open",
         r.breaker_transitions.len(),
         r.requests_while_open
     );
     for t in &r.breaker_transitions {
-        println!(
+        outln!(
             "    {:>6.2}s  {} -> {}  ({})",
             t.t_s, t.from, t.to, t.reason
         );
@@ -512,12 +513,12 @@ fn print_report(r: &Report) {
         .iter()
         .map(|(k, v)| format!("{k}: {v}"))
         .collect();
-    println!(
+    outln!(
         "  PSP                {} requests ({})",
         r.psp.requests_total,
         statuses.join(", ")
     );
-    println!(
+    outln!(
         "  charges made       {} for {} distinct keys, {} duplicate effects, {} replays  => {}",
         r.psp.charges,
         r.psp.distinct_keys,
@@ -530,6 +531,7 @@ fn print_report(r: &Report) {
         }
     );
     for c in &r.charts {
-        println!("  chart              {c}");
+        outln!("  chart              {c}");
     }
+    Ok(())
 }

@@ -21,7 +21,7 @@ pub(crate) fn run(_global: &Global, args: PspSimArgs) -> anyhow::Result<ExitCode
         let sim = PspSim::builder()
             .faults(faults)
             .with_idempotency_layer()
-            .start(&args.addr)
+            .start(&args.addr.to_string())
             .await?;
         {
             let mut out = std::io::stdout().lock();
