@@ -177,11 +177,17 @@ pub(crate) fn run(global: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         } else {
             outln!(
                 "backend {}, {} noop jobs per run, enqueued by {} producer(s) in transactions of {ENQUEUE_BATCH}",
-                report.backend, a.jobs, producers
+                report.backend,
+                a.jobs,
+                producers
             );
             outln!(
                 "{:>11} {:>16} {:>16} {:>22} {:>9}",
-                "concurrency", "enqueue jobs/s", "drain jobs/s", "runtime drain jobs/s", "runtime"
+                "concurrency",
+                "enqueue jobs/s",
+                "drain jobs/s",
+                "runtime drain jobs/s",
+                "runtime"
             );
             for r in &report.runs {
                 outln!(
@@ -195,7 +201,9 @@ pub(crate) fn run(global: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
             }
             outln!(
                 "pickup latency (idle worker, job due now): p50 {:.1} ms, p99 {:.1} ms over {} jobs",
-                report.pickup_latency_ms_p50, report.pickup_latency_ms_p99, report.pickup_samples
+                report.pickup_latency_ms_p50,
+                report.pickup_latency_ms_p99,
+                report.pickup_samples
             );
             outln!(
                 "pickup latency (idle runtime worker, job due 100 ms after enqueue, from its run_at): p50 {:.1} ms, p99 {:.1} ms over {} jobs",

@@ -462,7 +462,8 @@ fn print_report(r: &Report) -> anyhow::Result<()> {
     outln!("finished in {:.1}s ({:.0} jobs/s)", r.seconds, r.jobs_per_s);
     outln!(
         "  succeeded          {}/{}",
-        r.succeeded, r.charges_enqueued
+        r.succeeded,
+        r.charges_enqueued
     );
     let dead: u64 = r.dead_by_reason.values().sum();
     let reasons: Vec<String> = r
@@ -490,7 +491,8 @@ fn print_report(r: &Report) -> anyhow::Result<()> {
     );
     outln!(
         "  after a failure    {} retried in process, {} deferred",
-        r.retries_in_process, r.defers
+        r.retries_in_process,
+        r.defers
     );
     outln!(
         "  Retry-After        {} calls came back early",
@@ -504,7 +506,10 @@ fn print_report(r: &Report) -> anyhow::Result<()> {
     for t in &r.breaker_transitions {
         outln!(
             "    {:>6.2}s  {} -> {}  ({})",
-            t.t_s, t.from, t.to, t.reason
+            t.t_s,
+            t.from,
+            t.to,
+            t.reason
         );
     }
     let statuses: Vec<String> = r

@@ -35,7 +35,9 @@ pub(crate) async fn open(global: &Global) -> anyhow::Result<Store> {
     match Store::connect(&global.db).await {
         Ok(s) => Ok(s),
         Err(e @ StoreError::BadUrl { .. }) => Err(usage(format!("--db: {e}"))),
-        Err(e) => Err(anyhow::Error::new(e).context(format!("opening database {}", shown_db(global)))),
+        Err(e) => {
+            Err(anyhow::Error::new(e).context(format!("opening database {}", shown_db(global))))
+        }
     }
 }
 
@@ -96,8 +98,10 @@ fn payload(arg: Option<&str>) -> anyhow::Result<serde_json::Value> {
                 .read_to_end(&mut buf)
                 .map_err(cannot)?;
             if buf.len() > MAX_PAYLOAD_BYTES {
-                let n = std::fs::metadata(path)
-                    .map_or_else(|_| format!("over {MAX_PAYLOAD_BYTES}"), |m| m.len().to_string());
+                let n = std::fs::metadata(path).map_or_else(
+                    |_| format!("over {MAX_PAYLOAD_BYTES}"),
+                    |m| m.len().to_string(),
+                );
                 return Err(too_big(path, n));
             }
             let text = String::from_utf8(buf)
@@ -190,7 +194,9 @@ pub(crate) fn enqueue(global: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCod
         } else if e.created {
             outln!(
                 "enqueued job {} on {} ({})",
-                e.job.id, e.job.queue, e.job.state
+                e.job.id,
+                e.job.queue,
+                e.job.state
             );
         } else {
             outln!(
@@ -263,7 +269,12 @@ pub(crate) fn jobs(global: &Global, a: JobsArgs) -> anyhow::Result<ExitCode> {
 fn print_jobs(jobs: &[Job]) -> anyhow::Result<()> {
     outln!(
         "{:>8}  {:<12} {:<10} {:<10} {:>8}  {:<20} REASON / ERROR",
-        "ID", "QUEUE", "KIND", "STATE", "ATTEMPTS", "RUN AT"
+        "ID",
+        "QUEUE",
+        "KIND",
+        "STATE",
+        "ATTEMPTS",
+        "RUN AT"
     );
     for j in jobs {
         let why = j
@@ -322,7 +333,10 @@ pub(crate) fn show(global: &Global, a: ShowArgs) -> anyhow::Result<ExitCode> {
         }
         outln!(
             "job {} on {} ({}), policy {}",
-            job.id, job.queue, job.kind, job.policy
+            job.id,
+            job.queue,
+            job.kind,
+            job.policy
         );
         outln!(
             "  state      {}{}",
@@ -337,7 +351,11 @@ pub(crate) fn show(global: &Global, a: ShowArgs) -> anyhow::Result<ExitCode> {
         outln!("  dependency {}", job.dependency.as_deref().unwrap_or("-"));
         outln!(
             "  attempts   {}/{} (exceptions {}, defers {}, replays {})",
-            job.attempts, job.max_attempts, job.exceptions, job.defers, job.replays
+            job.attempts,
+            job.max_attempts,
+            job.exceptions,
+            job.defers,
+            job.replays
         );
         outln!("  run at     {}", job.run_at.to_rfc3339());
         if let Some(d) = job.deadline {
@@ -482,7 +500,10 @@ fn confirm_purge(n: usize, what: &str) -> anyhow::Result<bool> {
             "dead purge deletes jobs and their history for good: add --yes to confirm (or --dry-run to see what it would delete)",
         ));
     }
-    eprint!("purge {n} dead job{} ({what}) and their history for good? [y/N] ", plural(n));
+    eprint!(
+        "purge {n} dead job{} ({what}) and their history for good? [y/N] ",
+        plural(n)
+    );
     let _ = std::io::stderr().flush();
     let mut answer = String::new();
     std::io::stdin().read_line(&mut answer)?;
@@ -532,7 +553,11 @@ fn dead_bulk(global: &Global, s: DeadSelection, replay: bool) -> anyhow::Result<
                 (Selection::All { .. }, None) => "all".to_owned(),
                 _ => format!(
                     "ids {}",
-                    targets.iter().map(i64::to_string).collect::<Vec<_>>().join(" ")
+                    targets
+                        .iter()
+                        .map(i64::to_string)
+                        .collect::<Vec<_>>()
+                        .join(" ")
                 ),
             };
             if !confirm_purge(targets.len(), &what)? {
@@ -584,7 +609,10 @@ fn dead_bulk(global: &Global, s: DeadSelection, replay: bool) -> anyhow::Result<
                 for id in &done {
                     outln!("{would} job {id}");
                 }
-                outln!("{would} {n} dead job{} (dry run: nothing changed)", plural(n as usize));
+                outln!(
+                    "{would} {n} dead job{} (dry run: nothing changed)",
+                    plural(n as usize)
+                );
             } else {
                 outln!("{verb} {n} dead job{}", plural(n as usize));
             }
@@ -678,7 +706,9 @@ fn print_breakers(deps: &[redrive_store::Dependency]) -> anyhow::Result<()> {
     let now = chrono::Utc::now();
     outln!(
         "{:<24} {:<10} {:<24} PAUSED",
-        "DEPENDENCY", "BREAKER", "NEXT PROBE"
+        "DEPENDENCY",
+        "BREAKER",
+        "NEXT PROBE"
     );
     for d in deps {
         let probe = match (d.state.as_str(), d.open_until) {
