@@ -258,6 +258,8 @@ fn check_redaction(s: &Secrets) -> Result<(), TestCaseError> {
 fn runner(cases: u32) -> TestRunner {
     TestRunner::new(Config {
         cases,
+        // Runners made by hand know no source file to persist failures to.
+        failure_persistence: None,
         ..Config::default()
     })
 }

@@ -169,6 +169,8 @@ fn check_policy_toml(text: &str, attempts: Option<u32>) -> Result<(), TestCaseEr
 fn runner(cases: u32) -> TestRunner {
     TestRunner::new(Config {
         cases,
+        // Runners made by hand know no source file to persist failures to.
+        failure_persistence: None,
         ..Config::default()
     })
 }

@@ -263,7 +263,10 @@ fn query_harness() -> (tokio::runtime::Runtime, Harness) {
 fn list_query_strings_never_fail_the_server() {
     let (rt, h) = query_harness();
     let app = h.app();
-    let mut runner = TestRunner::new(Config::default());
+    let mut runner = TestRunner::new(Config {
+        failure_persistence: None,
+        ..Config::default()
+    });
     runner
         .run(&query(), |q| check_query(&rt, &app, &q))
         .unwrap();
@@ -284,6 +287,7 @@ fn list_query_strings_long_run() {
     while Instant::now() < end {
         let mut runner = TestRunner::new(Config {
             cases: 1000,
+            failure_persistence: None,
             ..Config::default()
         });
         runner
