@@ -616,9 +616,6 @@ fn dead_bulk(global: &Global, s: DeadSelection, replay: bool) -> anyhow::Result<
             } else {
                 outln!("{verb} {n} dead job{}", plural(n as usize));
             }
-            for k in &skipped {
-                eprintln!("skipped job {}: {}", k.id, k.reason);
-            }
         }
         Ok(skipped_exit(&skipped))
     })
