@@ -26,12 +26,47 @@ pub(crate) struct Cli {
 /// Flags every command takes.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct Global {
-    /// Database URL: `sqlite:PATH` (created and migrated on first use) or `postgres://...`.
-    #[arg(long = "db", global = true, env = "REDRIVE_DATABASE_URL", default_value = DEFAULT_DB)]
+    /// Database URL: `sqlite:PATH` (created and migrated on first use by `migrate`, `enqueue`,
+    /// `work`, `serve`; the other commands refuse a file that does not exist) or
+    /// `postgres://...`.
+    #[arg(
+        long = "db",
+        global = true,
+        env = "REDRIVE_DATABASE_URL",
+        hide_env_values = true,
+        default_value = DEFAULT_DB
+    )]
     pub(crate) db: String,
     /// A TOML file of retry policies and breaker settings (added to the built-in presets).
     #[arg(long = "policies", global = true, env = "REDRIVE_POLICIES")]
     pub(crate) policies: Option<PathBuf>,
+    /// More secret names whose values are never shown (repeatable, or comma-separated in the
+    /// environment; `*` matches any run of characters), added to the built-in list.
+    #[arg(
+        long = "redact",
+        global = true,
+        env = "REDRIVE_REDACT",
+        value_delimiter = ',',
+        value_name = "NAME"
+    )]
+    pub(crate) redact: Vec<String>,
+}
+
+/// Where `http` jobs may connect (`work`, `serve`): added to the policies file's `[egress]`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct EgressArgs {
+    /// Only these hosts may be called: names, `*.suffix`, addresses or CIDR ranges
+    /// (repeatable).
+    #[arg(long = "allow-host", value_name = "HOST")]
+    pub(crate) allow_hosts: Vec<String>,
+    /// Never call these hosts (repeatable; `loopback` and `private` name those ranges).
+    /// Link-local and cloud metadata addresses are always denied.
+    #[arg(long = "deny-host", value_name = "HOST")]
+    pub(crate) deny_hosts: Vec<String>,
+    /// Redirects: `none` (a 3xx is permanent) or `same-origin` (default: the policies file's,
+    /// else none).
+    #[arg(long)]
+    pub(crate) redirects: Option<String>,
 }
 
 /// Every subcommand.
@@ -107,7 +142,7 @@ pub(crate) struct EnqueueArgs {
     /// Dependency (breaker) name; `http` jobs default to the URL's host.
     #[arg(long)]
     pub(crate) dependency: Option<String>,
-    /// Priority: lower runs first.
+    /// Priority: lower runs first (-1000000..=1000000).
     #[arg(long, allow_negative_numbers = true)]
     pub(crate) priority: Option<i32>,
     /// Print the job as JSON.
@@ -130,8 +165,8 @@ pub(crate) struct WorkArgs {
     /// Exit after this many jobs finished their attempt.
     #[arg(long = "max-jobs")]
     pub(crate) max_jobs: Option<u64>,
-    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9090).
-    #[arg(long = "metrics-addr")]
+    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9090 or localhost:9090).
+    #[arg(long = "metrics-addr", value_parser = parse_addr)]
     pub(crate) metrics_addr: Option<std::net::SocketAddr>,
     /// After SIGINT/SIGTERM, how long running attempts may take to finish.
     #[arg(long = "shutdown-grace", default_value = "30s", value_parser = parse_duration)]
@@ -139,6 +174,8 @@ pub(crate) struct WorkArgs {
     /// Lease length (heartbeats every third of it).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub(crate) lease: std::time::Duration,
+    #[command(flatten)]
+    pub(crate) egress: EgressArgs,
 }
 
 /// `redrive jobs`.
@@ -174,8 +211,9 @@ pub(crate) struct ShowArgs {
 /// `redrive cancel`.
 #[derive(Debug, Args)]
 pub(crate) struct CancelArgs {
-    /// Job id.
-    pub(crate) id: i64,
+    /// Job ids.
+    #[arg(required = true, value_name = "ID")]
+    pub(crate) ids: Vec<i64>,
 }
 
 /// `redrive dead ...`.
@@ -185,7 +223,7 @@ pub(crate) enum DeadCommand {
     List(DeadListArgs),
     /// Replay dead jobs: budgets reset, history kept.
     Replay(DeadSelection),
-    /// Delete dead jobs for good.
+    /// Delete dead jobs for good (asks first; `--yes` to skip the question).
     Purge(DeadSelection),
 }
 
@@ -218,6 +256,12 @@ pub(crate) struct DeadSelection {
     /// Print the result as JSON.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Print what would be done, change nothing.
+    #[arg(long = "dry-run")]
+    pub(crate) dry_run: bool,
+    /// Do not ask for confirmation (needed by `purge` when stdin is not a terminal).
+    #[arg(long, short = 'y')]
+    pub(crate) yes: bool,
 }
 
 /// `redrive policy ...`.
@@ -273,14 +317,17 @@ pub(crate) struct ServeArgs {
     /// Bearer token every `/v1` call must carry.
     #[arg(long, env = "REDRIVE_API_TOKEN", hide_env_values = true)]
     pub(crate) token: Option<String>,
+    #[command(flatten)]
+    pub(crate) egress: EgressArgs,
 }
 
 /// `redrive psp-sim`.
 #[derive(Debug, Args)]
 pub(crate) struct PspSimArgs {
-    /// Address to listen on (port 0 picks one and prints it).
-    #[arg(long, default_value = "127.0.0.1:8081")]
-    pub(crate) addr: String,
+    /// Address to listen on, e.g. 127.0.0.1:8081 or localhost:8081 (port 0 picks one and
+    /// prints it).
+    #[arg(long, default_value = "127.0.0.1:8081", value_parser = parse_addr)]
+    pub(crate) addr: std::net::SocketAddr,
     /// Share of requests answered 500/502/503 (0..1).
     #[arg(long = "error-rate")]
     pub(crate) error_rate: Option<f64>,
@@ -425,13 +472,35 @@ pub(crate) struct DemoArgs {
     pub(crate) json: bool,
 }
 
+/// An address to listen on: `IP:PORT`, or `NAME:PORT` resolved (e.g. `localhost:9090`; the
+/// first address the name resolves to).
+pub(crate) fn parse_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(a) = s.parse::<std::net::SocketAddr>() {
+        return Ok(a);
+    }
+    let bad = || format!("{s:?} is not an address like 127.0.0.1:8080 or localhost:8080");
+    let (host, port) = s.rsplit_once(':').ok_or_else(bad)?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    if host.is_empty() {
+        return Err(bad());
+    }
+    use std::net::ToSocketAddrs;
+    let mut addrs: Vec<std::net::SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("{s:?}: cannot resolve {host}: {e}"))?
+        .collect();
+    // Prefer IPv4 (`localhost` → 127.0.0.1), as most clients try it first.
+    addrs.sort_by_key(|a| !a.is_ipv4());
+    addrs.into_iter().next().ok_or_else(bad)
+}
+
 fn parse_loopback(s: &str) -> Result<std::net::SocketAddr, String> {
-    match s.parse::<std::net::SocketAddr>() {
+    match parse_addr(s) {
         Ok(a) if a.ip().is_loopback() => Ok(a),
         Ok(_) => Err(format!(
             "{s:?} is not a loopback address (the demo serves without a token)"
         )),
-        Err(_) => Err(format!("{s:?} is not an address like 127.0.0.1:8080")),
+        Err(e) => Err(e),
     }
 }
 

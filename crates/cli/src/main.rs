@@ -2,8 +2,10 @@
 //! simulator and the tuning tools, behind one command.
 //!
 //! Exit codes: 0 on success, 2 on a usage error, 1 on any other error, with a
-//! one-line message on stderr.
+//! one-line message on stderr (secrets redacted). A closed stdout (`| head`) ends a command
+//! quietly with 0. Log lines are coloured only when stderr is a terminal.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -11,6 +13,7 @@ use clap::Parser;
 mod args;
 mod cmd;
 mod error;
+mod out;
 mod policies;
 
 use args::{Cli, Command};
@@ -41,7 +44,8 @@ fn main() -> ExitCode {
                     .map(str::trim)
                     .filter(|l| !l.is_empty())
                     .collect();
-                eprintln!("redrive: {}", msg.join(" ").trim_start_matches("error: "));
+                let msg = redrive_http::redact::redact_text(&msg.join(" "));
+                eprintln!("redrive: {}", msg.trim_start_matches("error: "));
             }
             return ExitCode::from(code as u8);
         }
@@ -58,9 +62,12 @@ fn main() -> ExitCode {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
+    redrive_http::redact::add_secret_names(&cli.global.redact);
     match run(cli) {
         Ok(code) => code,
+        Err(err) if out::is_closed_stdout(&err) => ExitCode::SUCCESS,
         Err(err) => {
             let usage = err.downcast_ref::<UsageError>().is_some();
             eprintln!("redrive: {}", one_line(&err));
@@ -73,7 +80,7 @@ fn main() -> ExitCode {
     }
 }
 
-/// The error and its causes on one line, each cause printed once.
+/// The error and its causes on one line, each cause printed once, secrets redacted.
 fn one_line(err: &anyhow::Error) -> String {
     let mut out = err.to_string();
     for cause in err.chain().skip(1) {
@@ -83,7 +90,7 @@ fn one_line(err: &anyhow::Error) -> String {
             out.push_str(&c);
         }
     }
-    out.replace('\n', " ")
+    redrive_http::redact::redact_text(&out.replace('\n', " "))
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {

@@ -60,7 +60,16 @@ fn enqueue_list_show_dedupe_and_stats() {
     let b = ok(&redrive(
         &db,
         &[
-            "enqueue", "--queue", "payments", "--kind", "http", "--key", "order-1", "--json",
+            "enqueue",
+            "--queue",
+            "payments",
+            "--kind",
+            "http",
+            "--payload",
+            r#"{"url":"https://psp.example:8443/v1/charges","method":"POST"}"#,
+            "--key",
+            "order-1",
+            "--json",
         ],
     ));
     assert_eq!(b["created"], false);

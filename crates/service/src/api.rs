@@ -19,7 +19,7 @@ use crate::state::{AppState, MAX_BODY_BYTES};
 use crate::views::*;
 
 /// The longest `delay` accepted.
-pub const MAX_DELAY: Duration = Duration::from_secs(365 * 86_400);
+pub const MAX_DELAY: Duration = redrive_http::validate::MAX_DELAY;
 
 /// Transitions shown per breaker.
 pub const TRANSITIONS_PER_BREAKER: u32 = 10;
@@ -116,12 +116,18 @@ fn required<T>(v: Option<T>, name: &str) -> Result<T, ApiError> {
     v.ok_or_else(|| ApiError::bad_field(name, "", format!("{name} is required")))
 }
 
-/// The host of an `http(s)://host[:port]/…` URL.
-fn host_of(url: &str) -> Option<String> {
-    let rest = url.split_once("://")?.1;
-    let host = rest.split(['/', '?', '#']).next()?;
-    let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
-    (!host.is_empty()).then(|| host.to_owned())
+/// A refusal of the shared enqueue validation as a problem: 422 naming the field.
+pub(crate) fn enqueue_problem(e: redrive_http::EnqueueError) -> ApiError {
+    let detail = redrive_http::redact::redact_text(&e.to_string());
+    match e {
+        redrive_http::EnqueueError::Invalid { field, value, .. } => {
+            ApiError::unprocessable(field, &value, detail)
+        }
+        redrive_http::EnqueueError::KeyConflict { key, .. } => {
+            ApiError::unprocessable("key", &key, detail)
+        }
+        other => ApiError::unprocessable("job", "", other.to_string()),
+    }
 }
 
 /// Turns the body of `POST /v1/jobs` into a job, naming the first bad field.
@@ -167,26 +173,14 @@ pub(crate) fn parse_enqueue(
         .policies
         .get(policy_name)
         .map_err(|e| ApiError::unprocessable("policy", policy_name, e.to_string()))?;
-    if kind == "http"
-        && let Err(e) = redrive_http::HttpPayload::parse(&payload)
-    {
-        return Err(ApiError::unprocessable(
-            "payload",
-            &redrive_http::redact_payload(&payload).to_string(),
-            e,
-        ));
-    }
     let mut job = NewJob::new(queue, kind.clone(), payload.clone()).with_policy(policy);
     job.key = key.or_else(|| header_key.map(str::to_owned));
     job.priority = priority.unwrap_or(0);
     if let Some(n) = max_attempts {
         job.max_attempts = n;
     }
-    job.dependency = dependency.or_else(|| {
-        (kind == "http")
-            .then(|| payload.get("url").and_then(Value::as_str).and_then(host_of))
-            .flatten()
-    });
+    job.dependency =
+        dependency.or_else(|| redrive_http::validate::default_dependency(&kind, &payload));
     job.run_at = match (delay, run_at_raw) {
         (Some(d), Some(_)) => {
             return Err(ApiError::bad_field(
@@ -198,16 +192,7 @@ pub(crate) fn parse_enqueue(
         (Some(d), None) => {
             let dur = redrive_policy::parse_duration(&d)
                 .map_err(|e| ApiError::bad_field("delay", &d, e.to_string()))?;
-            if dur > MAX_DELAY {
-                return Err(ApiError::unprocessable(
-                    "delay",
-                    &d,
-                    "delay must be at most 365 days",
-                ));
-            }
-            let dur = chrono::Duration::from_std(dur)
-                .map_err(|_| ApiError::unprocessable("delay", &d, "delay is too long"))?;
-            Some(now + dur)
+            Some(redrive_http::validate::run_at_after(dur, now).map_err(enqueue_problem)?)
         }
         (None, Some(t)) => Some(
             chrono::DateTime::parse_from_rfc3339(&t)
@@ -222,7 +207,7 @@ pub(crate) fn parse_enqueue(
         ),
         (None, None) => None,
     };
-    job.validate()?;
+    redrive_http::validate_new_job(&job, now).map_err(enqueue_problem)?;
     Ok(job)
 }
 
@@ -231,7 +216,8 @@ pub(crate) fn parse_enqueue(
 /// With an `Idempotency-Key` header a repeat returns the first response (marked
 /// `Idempotent-Replayed: true`); without `key` in the body the header is also the job's key, so
 /// the store's dedupe holds across retention too. A repeat of a body `key` returns the existing
-/// job with 200 and `created: false`.
+/// job with 200 and `created: false` when the kind and payload are the same, and 422 naming
+/// the key when they differ.
 #[utoipa::path(
     post, path = "/v1/jobs", tag = "jobs",
     request_body = EnqueueRequest,
@@ -260,6 +246,10 @@ pub(crate) async fn create_job(
         .flatten();
     let job = parse_enqueue(&state, &body, header_key.as_ref().map(|k| k.as_str()), now)?;
     let e = state.inner.store.enqueue(&job, now).await?;
+    if !e.created {
+        // The same key for another request is refused, as the CLI refuses it.
+        redrive_http::check_same_request(&job, &e.job).map_err(enqueue_problem)?;
+    }
     let status = if e.created {
         StatusCode::CREATED
     } else {

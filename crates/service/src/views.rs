@@ -1,5 +1,6 @@
 //! The JSON shapes of the API (and their OpenAPI schemas). Jobs leave the service only through
-//! [`JobView`], whose payload has gone through [`redrive_http::redact_payload`].
+//! [`JobView`], whose payload, result and error have gone through [`redrive_http::redact`]
+//! (attempts' errors likewise, in [`AttemptView`]).
 
 use chrono::{DateTime, Utc};
 use redrive_store::{Attempt, Dependency, DependencyEvent, Job, JobState, QueueCount, Timestamp};
@@ -50,7 +51,8 @@ pub struct JobView {
     pub queue: String,
     /// Kind (which handler runs it).
     pub kind: String,
-    /// Payload, with secret header values replaced by `[redacted]`.
+    /// Payload, with secret values replaced by `[redacted]` (secret headers and members, URL
+    /// credentials and secret query parameters).
     pub payload: Value,
     /// Idempotency key.
     pub key: Option<String>,
@@ -109,7 +111,7 @@ pub struct JobView {
 impl From<Job> for JobView {
     fn from(j: Job) -> Self {
         Self {
-            payload: redrive_http::redact_payload(&j.payload),
+            payload: redrive_http::redact::redact_value(&j.payload),
             id: j.id,
             queue: j.queue,
             kind: j.kind,
@@ -133,8 +135,11 @@ impl From<Job> for JobView {
             lease_expires_at: j.lease_expires_at,
             defer_reason: j.defer_reason,
             dead_reason: j.dead_reason,
-            last_error: j.last_error,
-            result: j.result,
+            last_error: j
+                .last_error
+                .as_deref()
+                .map(redrive_http::redact::redact_text),
+            result: j.result.as_ref().map(redrive_http::redact::redact_value),
             replays: j.replays,
             created_at: j.created_at,
             updated_at: j.updated_at,
@@ -189,7 +194,7 @@ impl From<Attempt> for AttemptView {
             duration_ms: a.duration_ms,
             class: a.class,
             http_status: a.http_status,
-            error: a.error,
+            error: a.error.as_deref().map(redrive_http::redact::redact_text),
             delay_ms: a.delay_ms,
             mode: a.mode,
             counted: a.counted,

@@ -240,7 +240,7 @@ async fn bad_bodies_are_problems_naming_the_field() {
         (
             r#"{"queue": "q", "kind": "http", "payload": {"method": "GET", "url": "ftp://x"}}"#,
             422,
-            "payload",
+            "payload.url",
         ),
     ];
     for (body, status, field) in cases {
@@ -342,7 +342,7 @@ async fn enqueue_idempotently(h: &Harness) {
         &app,
         post_json(
             "/v1/jobs",
-            r#"{"queue": "pay", "kind": "noop", "key": "order-1"}"#,
+            r#"{"queue": "pay", "kind": "noop", "key": "order-1", "payload": {"amount": 5}}"#,
         ),
     )
     .await;

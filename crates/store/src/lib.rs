@@ -47,7 +47,8 @@ pub use insights::{AttemptBucket, DeadGroup, DeadReasonCount, MAX_DEAD_SCAN, err
 pub use model::{
     Attempt, BreakerUpdate, ClaimParams, Completion, Dependency, DependencyEvent, DependencyWrite,
     Enqueued, Job, JobId, JobState, Lease, ListParams, MAX_BATCH, MAX_MAX_ATTEMPTS, MAX_NAME_LEN,
-    NewAttempt, NewJob, Page, QueueCount, Rescued, Selection, Transition, from_millis,
+    MAX_PRIORITY, MIN_PRIORITY, NewAttempt, NewJob, Page, QueueCount, Rescued, Selection,
+    Transition, from_millis,
 };
 pub use postgres::PgStore;
 pub use redrive_policy::Timestamp;

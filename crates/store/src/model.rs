@@ -17,6 +17,10 @@ pub type JobId = i64;
 pub const MAX_MAX_ATTEMPTS: u32 = 10_000;
 /// The longest queue, kind, key or dependency name accepted.
 pub const MAX_NAME_LEN: usize = 255;
+/// The lowest priority a job may have (lower runs first).
+pub const MIN_PRIORITY: i32 = -1_000_000;
+/// The highest priority a job may have.
+pub const MAX_PRIORITY: i32 = 1_000_000;
 /// The most jobs one call may claim, enqueue or complete.
 pub const MAX_BATCH: usize = 10_000;
 
@@ -116,7 +120,7 @@ pub struct NewJob {
     pub key: Option<String>,
     /// The dependency (PSP) the job calls, for breakers and pauses.
     pub dependency: Option<String>,
-    /// Lower runs first (default 0).
+    /// Lower runs first (default 0), within [`MIN_PRIORITY`]`..=`[`MAX_PRIORITY`].
     pub priority: i32,
     /// First run (default: now).
     pub run_at: Option<Timestamp>,
@@ -202,6 +206,13 @@ impl NewJob {
             name("dependency", d)?;
         }
         name("policy", &self.policy)?;
+        if !(MIN_PRIORITY..=MAX_PRIORITY).contains(&self.priority) {
+            return Err(crate::StoreError::Invalid {
+                field: "priority",
+                value: self.priority.to_string(),
+                reason: format!("must be {MIN_PRIORITY}..={MAX_PRIORITY}"),
+            });
+        }
         if self.max_attempts == 0 || self.max_attempts > MAX_MAX_ATTEMPTS {
             return Err(crate::StoreError::Invalid {
                 field: "max_attempts",
@@ -239,7 +250,33 @@ fn name(field: &'static str, v: &str) -> crate::Result<()> {
     if v.chars().any(|c| c.is_control()) {
         return Err(bad("contains a control character"));
     }
+    if let Some(c) = v.chars().find(|c| is_invisible_format(*c)) {
+        return Err(bad(&format!(
+            "contains U+{:04X}, a bidi-override or zero-width character",
+            u32::from(c)
+        )));
+    }
     Ok(())
+}
+
+/// Characters that change how a name reads without being seen: bidi embeddings, overrides and
+/// isolates, zero-width spaces and joiners, the byte-order mark, and other invisible formats.
+fn is_invisible_format(c: char) -> bool {
+    matches!(c,
+        '\u{00AD}'                 // soft hyphen
+        | '\u{061C}'               // Arabic letter mark
+        | '\u{115F}' | '\u{1160}'   // Hangul fillers
+        | '\u{180E}'               // Mongolian vowel separator
+        | '\u{200B}'..='\u{200F}'  // zero-width space, (non-)joiner, LRM, RLM
+        | '\u{202A}'..='\u{202E}'  // bidi embeddings and overrides
+        | '\u{2060}'..='\u{2064}'  // word joiner, invisible operators
+        | '\u{2066}'..='\u{206F}'  // bidi isolates, deprecated formats
+        | '\u{3164}'               // Hangul filler
+        | '\u{FEFF}'               // byte-order mark, zero-width no-break space
+        | '\u{FFA0}'               // halfwidth Hangul filler
+        | '\u{FFF9}'..='\u{FFFB}'  // interlinear annotations
+        | '\u{E0000}'..='\u{E007F}' // tags
+    )
 }
 
 /// What an enqueue did.
@@ -632,4 +669,45 @@ pub fn from_millis(ms: i64) -> Timestamp {
 
 pub(crate) fn dur_ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_refuse_invisible_and_bidi_characters() {
+        for bad in [
+            "pay\u{202E}ments",
+            "pay\u{200B}",
+            "\u{FEFF}q",
+            "a\u{2066}b",
+            "q\u{7}",
+        ] {
+            let j = NewJob::new(bad, "noop", serde_json::json!({}));
+            let e = j.validate().unwrap_err();
+            assert!(e.to_string().contains("queue"), "{bad:?}: {e}");
+            let j = NewJob::new("q", "noop", serde_json::json!({})).key(bad);
+            assert!(j.validate().unwrap_err().to_string().contains("key"));
+            let j = NewJob::new("q", bad, serde_json::json!({}));
+            assert!(j.validate().unwrap_err().to_string().contains("kind"));
+        }
+        NewJob::new("zahlungen-ü-日本", "http", serde_json::json!({}))
+            .validate()
+            .unwrap();
+    }
+
+    #[test]
+    fn priority_is_bounded() {
+        for (p, ok) in [
+            (0, true),
+            (MIN_PRIORITY, true),
+            (MAX_PRIORITY, true),
+            (MAX_PRIORITY + 1, false),
+            (i32::MIN, false),
+        ] {
+            let j = NewJob::new("q", "noop", serde_json::json!({})).priority(p);
+            assert_eq!(j.validate().is_ok(), ok, "{p}");
+        }
+    }
 }

@@ -4,6 +4,7 @@
 //! It never touches your queue: SQLite runs in a temporary file (keeping the URL's
 //! `?synchronous=` setting), PostgreSQL in a temporary schema that is dropped afterwards.
 
+use crate::out::outln;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -172,18 +173,24 @@ pub(crate) fn run(global: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
             scheduled_pickup_samples: due.len(),
         };
         if a.json {
-            println!("{}", serde_json::to_string_pretty(&report)?);
+            outln!("{}", serde_json::to_string_pretty(&report)?);
         } else {
-            println!(
+            outln!(
                 "backend {}, {} noop jobs per run, enqueued by {} producer(s) in transactions of {ENQUEUE_BATCH}",
-                report.backend, a.jobs, producers
+                report.backend,
+                a.jobs,
+                producers
             );
-            println!(
+            outln!(
                 "{:>11} {:>16} {:>16} {:>22} {:>9}",
-                "concurrency", "enqueue jobs/s", "drain jobs/s", "runtime drain jobs/s", "runtime"
+                "concurrency",
+                "enqueue jobs/s",
+                "drain jobs/s",
+                "runtime drain jobs/s",
+                "runtime"
             );
             for r in &report.runs {
-                println!(
+                outln!(
                     "{:>11} {:>16.0} {:>16.0} {:>22.0} {:>8.0}%",
                     r.concurrency,
                     r.enqueue_jobs_per_s,
@@ -192,11 +199,13 @@ pub(crate) fn run(global: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
                     r.runtime_vs_store * 100.0
                 );
             }
-            println!(
+            outln!(
                 "pickup latency (idle worker, job due now): p50 {:.1} ms, p99 {:.1} ms over {} jobs",
-                report.pickup_latency_ms_p50, report.pickup_latency_ms_p99, report.pickup_samples
+                report.pickup_latency_ms_p50,
+                report.pickup_latency_ms_p99,
+                report.pickup_samples
             );
-            println!(
+            outln!(
                 "pickup latency (idle runtime worker, job due 100 ms after enqueue, from its run_at): p50 {:.1} ms, p99 {:.1} ms over {} jobs",
                 report.scheduled_pickup_latency_ms_p50,
                 report.scheduled_pickup_latency_ms_p99,

@@ -14,6 +14,7 @@
 mod measure;
 mod published;
 
+use crate::out::outln;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -160,13 +161,13 @@ pub(crate) fn run(_global: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
             store.enqueue_many(chunk, Utc::now()).await?;
         }
         if !a.json {
-            println!(
+            outln!(
                 "redrive demo: {n} charges, {} workers, PSP simulator at {}",
                 a.concurrency,
                 sim.url()
             );
             if !a.no_faults {
-                println!(
+                outln!(
                     "scenario: 20% 5xx, rate limit 80/s with Retry-After {RETRY_AFTER_S}s, outage {}s..{}s, 5% answers lost after the charge",
                     OUTAGE.0,
                     OUTAGE.0 + OUTAGE.1
@@ -278,9 +279,9 @@ pub(crate) fn run(_global: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
         sim.shutdown().await;
 
         if a.json {
-            println!("{}", serde_json::to_string_pretty(&report)?);
+            outln!("{}", serde_json::to_string_pretty(&report)?);
         } else {
-            print_report(&report);
+            print_report(&report)?;
         }
         if !finished {
             anyhow::bail!("the demo did not finish within {}s", a.timeout_s);
@@ -509,12 +510,13 @@ async fn report(
     })
 }
 
-fn print_report(r: &Report) {
-    println!();
-    println!("finished in {:.1}s ({:.0} jobs/s)", r.seconds, r.jobs_per_s);
-    println!(
+fn print_report(r: &Report) -> anyhow::Result<()> {
+    outln!();
+    outln!("finished in {:.1}s ({:.0} jobs/s)", r.seconds, r.jobs_per_s);
+    outln!(
         "  succeeded          {}/{}",
-        r.succeeded, r.charges_enqueued
+        r.succeeded,
+        r.charges_enqueued
     );
     let dead: u64 = r.dead_by_reason.values().sum();
     let reasons: Vec<String> = r
@@ -522,7 +524,7 @@ fn print_report(r: &Report) {
         .iter()
         .map(|(k, v)| format!("{k} {v}"))
         .collect();
-    println!(
+    outln!(
         "  dead               {dead}{}",
         if reasons.is_empty() {
             String::new()
@@ -535,29 +537,33 @@ fn print_report(r: &Report) {
         .iter()
         .map(|(k, v)| format!("{k} {v}"))
         .collect();
-    println!(
+    outln!(
         "  attempts           {} ({})",
         r.attempts_by_class.values().sum::<u64>(),
         classes.join(", ")
     );
-    println!(
+    outln!(
         "  after a failure    {} retried in process, {} deferred",
-        r.retries_in_process, r.defers
+        r.retries_in_process,
+        r.defers
     );
-    println!(
+    outln!(
         "  Retry-After        {} calls came back early",
         r.retries_before_retry_after
     );
-    println!(
+    outln!(
         "  breaker            {} transitions, {} PSP requests while open, {} probes while half-open",
         r.breaker_transitions.len(),
         r.requests_while_open,
         r.probes_sent
     );
     for t in &r.breaker_transitions {
-        println!(
+        outln!(
             "    {:>6.2}s  {} -> {}  ({})",
-            t.t_s, t.from, t.to, t.reason
+            t.t_s,
+            t.from,
+            t.to,
+            t.reason
         );
     }
     let statuses: Vec<String> = r
@@ -566,7 +572,7 @@ fn print_report(r: &Report) {
         .iter()
         .map(|(k, v)| format!("{k}: {v}"))
         .collect();
-    println!(
+    outln!(
         "  PSP                {} requests ({})",
         r.psp.requests_total,
         statuses.join(", ")
@@ -574,7 +580,7 @@ fn print_report(r: &Report) {
     let l = &r.psp_load;
     let num = |v: Option<f64>, digits: usize| v.map_or("-".to_owned(), |x| format!("{x:.digits$}"));
     match l.limit_rps {
-        Some(limit) => println!(
+        Some(limit) => outln!(
             "  PSP load           limit {limit}/s: peak {}x the limit after 10s, {}% answered 429; {:.1}s = {}x the minimum of {}s (outage + requests at the limit)",
             num(l.peak_ratio, 1),
             num(l.share_429.map(|s| s * 100.0), 1),
@@ -582,12 +588,12 @@ fn print_report(r: &Report) {
             num(l.vs_minimum, 2),
             num(l.minimum_seconds, 1),
         ),
-        None => println!("  PSP load           no rate limit"),
+        None => outln!("  PSP load           no rate limit"),
     }
     if let Some(back) = l.back_after_outage_s {
-        println!("  after the outage   first 2xx answer {back:.2}s after it ended");
+        outln!("  after the outage   first 2xx answer {back:.2}s after it ended");
     }
-    println!(
+    outln!(
         "  charges made       {} for {} distinct keys (the ledger's own dedupe {}): {} duplicate effects (at most {} per key)",
         r.psp.charges,
         r.psp.distinct_keys,
@@ -599,16 +605,17 @@ fn print_report(r: &Report) {
         1 => "once".to_owned(),
         n => format!("{n} times"),
     };
-    println!(
+    outln!(
         "  replayed answers   {} by the idempotency layer, {} by the ledger; the charge ran at most {runs} for one key",
         r.psp.layer_replays, r.psp.replays
     );
     if r.exactly_once {
-        println!("  => every charge exactly once");
+        outln!("  => every charge exactly once");
     } else {
-        println!("  => NOT exactly once: {}", r.not_exactly_once.join("; "));
+        outln!("  => NOT exactly once: {}", r.not_exactly_once.join("; "));
     }
     for c in &r.charts {
-        println!("  chart              {c}");
+        outln!("  chart              {c}");
     }
+    Ok(())
 }

@@ -1,5 +1,6 @@
 //! `redrive policy show`: the delays a policy will produce, attempt by attempt.
 
+use crate::out::{out, outln};
 use std::process::ExitCode;
 
 use redrive_policy::{
@@ -21,9 +22,9 @@ fn show(global: &Global, args: PolicyShowArgs) -> anyhow::Result<ExitCode> {
     let policy = resolve(global, &args)?;
     let e = explain(&policy, args.samples, args.seed);
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&e)?);
+        outln!("{}", serde_json::to_string_pretty(&e)?);
     } else {
-        print!("{}", render(&policy, &e));
+        out!("{}", render(&policy, &e));
     }
     Ok(ExitCode::SUCCESS)
 }

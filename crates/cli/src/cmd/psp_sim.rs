@@ -22,7 +22,7 @@ pub(crate) fn run(_global: &Global, args: PspSimArgs) -> anyhow::Result<ExitCode
             .faults(faults)
             .ledger_dedupe(args.ledger_dedupe)
             .with_idempotency_layer()
-            .start(&args.addr)
+            .start(&args.addr.to_string())
             .await?;
         {
             let mut out = std::io::stdout().lock();

@@ -1,8 +1,13 @@
 //! The queue commands: `migrate`, `enqueue`, `jobs`, `show`, `dead`, `cancel`, `stats`, `breakers`.
 
+use crate::out::{out, outln};
+use std::io::{IsTerminal, Read, Write};
 use std::process::ExitCode;
 
 use anyhow::Context;
+use redrive_http::redact::{redact_text, redact_value};
+use redrive_http::validate::{MAX_PAYLOAD_BYTES, run_at_after};
+use redrive_http::{EnqueueError, check_same_request, validate_new_job};
 use redrive_store::{Attempt, Job, JobState, ListParams, NewJob, Selection, Store, StoreError};
 use serde_json::json;
 
@@ -24,35 +29,91 @@ pub(crate) fn block_on<F: std::future::Future<Output = anyhow::Result<ExitCode>>
         .block_on(f)
 }
 
-/// Opens the store named by `--db`; a malformed URL is a usage error.
+/// Opens the store named by `--db`, creating an SQLite file that does not exist yet (for
+/// `migrate`, `enqueue`, `work`, `serve`); a malformed URL is a usage error.
 pub(crate) async fn open(global: &Global) -> anyhow::Result<Store> {
     match Store::connect(&global.db).await {
         Ok(s) => Ok(s),
         Err(e @ StoreError::BadUrl { .. }) => Err(usage(format!("--db: {e}"))),
-        Err(e) => Err(anyhow::Error::new(e).context(format!("opening database {}", global.db))),
+        Err(e) => {
+            Err(anyhow::Error::new(e).context(format!("opening database {}", shown_db(global))))
+        }
     }
+}
+
+/// Opens the store for a command that only reads or changes existing jobs: an SQLite file
+/// that does not exist is an error naming it (a typo in `--db` must not create a new, empty
+/// database and report "no jobs").
+pub(crate) async fn open_existing(global: &Global) -> anyhow::Result<Store> {
+    if let Some(path) = sqlite_path(&global.db)
+        && !std::path::Path::new(&path).exists()
+    {
+        anyhow::bail!(
+            "no database at {path}: --db names an SQLite file that does not exist (check the path, or create it with `redrive migrate`)"
+        );
+    }
+    open(global).await
+}
+
+/// The file of an `sqlite:` URL (`None` for other URLs and in-memory databases).
+pub(crate) fn sqlite_path(url: &str) -> Option<String> {
+    let rest = url.strip_prefix("sqlite:")?;
+    let rest = rest.strip_prefix("//").unwrap_or(rest);
+    let path = rest.split('?').next().unwrap_or("");
+    (!path.is_empty() && path != ":memory:" && !path.starts_with("file::memory:"))
+        .then(|| path.to_owned())
+}
+
+/// `--db` as it may be shown (a password masked).
+pub(crate) fn shown_db(global: &Global) -> String {
+    redrive_http::redact::redact_url(&global.db)
 }
 
 pub(crate) fn migrate(global: &Global) -> anyhow::Result<ExitCode> {
     block_on(async {
         let store = open(global).await?;
         store.migrate().await?;
-        println!("migrated {} ({})", global.db, store.backend());
+        outln!("migrated {} ({})", shown_db(global), store.backend());
         Ok(ExitCode::SUCCESS)
     })
 }
 
+/// Reads `--payload` (inline JSON or `@FILE`), at most [`MAX_PAYLOAD_BYTES`] of it.
 fn payload(arg: Option<&str>) -> anyhow::Result<serde_json::Value> {
     let Some(raw) = arg else {
         return Ok(json!({}));
     };
+    let too_big = |from: &str, n: String| {
+        usage(format!(
+            "--payload: {from} is {n} bytes; a payload is at most {MAX_PAYLOAD_BYTES} bytes"
+        ))
+    };
     let (text, from) = match raw.strip_prefix('@') {
-        Some(path) => (
-            std::fs::read_to_string(path)
-                .map_err(|e| usage(format!("--payload: cannot read {path}: {e}")))?,
-            path.to_owned(),
-        ),
-        None => (raw.to_owned(), "the value".to_owned()),
+        Some(path) => {
+            let cannot = |e: std::io::Error| usage(format!("--payload: cannot read {path}: {e}"));
+            let file = std::fs::File::open(path).map_err(cannot)?;
+            // Read one byte past the limit, never the whole of a huge file.
+            let mut buf = Vec::new();
+            file.take(MAX_PAYLOAD_BYTES as u64 + 1)
+                .read_to_end(&mut buf)
+                .map_err(cannot)?;
+            if buf.len() > MAX_PAYLOAD_BYTES {
+                let n = std::fs::metadata(path).map_or_else(
+                    |_| format!("over {MAX_PAYLOAD_BYTES}"),
+                    |m| m.len().to_string(),
+                );
+                return Err(too_big(path, n));
+            }
+            let text = String::from_utf8(buf)
+                .map_err(|_| usage(format!("--payload: {path} is not UTF-8 text")))?;
+            (text, path.to_owned())
+        }
+        None => {
+            if raw.len() > MAX_PAYLOAD_BYTES {
+                return Err(too_big("the value", raw.len().to_string()));
+            }
+            (raw.to_owned(), "the value".to_owned())
+        }
     };
     serde_json::from_str(&text)
         .map_err(|e| usage(format!("--payload: {from} is not valid JSON: {e}")))
@@ -72,55 +133,47 @@ fn new_job(
     let mut job = NewJob::new(a.queue.clone(), a.kind.clone(), payload.clone()).with_policy(policy);
     job.key = a.key.clone();
     job.priority = a.priority.unwrap_or(0);
-    job.dependency = a.dependency.clone().or_else(|| {
-        // `http` jobs default to the URL's host.
-        (a.kind == "http")
-            .then(|| {
-                payload
-                    .get("url")
-                    .and_then(|u| u.as_str())
-                    .and_then(host_of)
-            })
-            .flatten()
-    });
+    // `http` jobs default to the URL's host.
+    job.dependency = a
+        .dependency
+        .clone()
+        .or_else(|| redrive_http::validate::default_dependency(&a.kind, &payload));
     job.run_at = match (a.delay, a.run_at) {
-        (Some(d), _) => {
-            Some(now + chrono::Duration::from_std(d).map_err(|_| usage("--delay: too long"))?)
-        }
+        (Some(d), _) => Some(run_at_after(d, now).map_err(flag_error)?),
         (None, Some(t)) => Some(t),
         (None, None) => None,
     };
-    job.validate()
-        .map_err(|e| usage(format!("--{}", flag_of(&e, e.to_string()))))?;
+    validate_new_job(&job, now).map_err(flag_error)?;
     Ok(job)
 }
 
-fn flag_of(e: &StoreError, text: String) -> String {
-    match e {
-        StoreError::Invalid { field, .. } => {
-            let flag = match *field {
-                "key" => "key",
-                "dependency" => "dependency",
-                "kind" => "kind",
-                "policy" => "policy",
-                _ => "queue",
-            };
-            if text.contains(field) {
-                format!("{flag}: {text}")
-            } else {
-                text
-            }
-        }
-        _ => text,
+/// A refusal of the shared enqueue validation, naming the flag: a usage error (exit 2).
+fn flag_error(e: EnqueueError) -> anyhow::Error {
+    let EnqueueError::Invalid {
+        field,
+        value,
+        reason,
+    } = &e
+    else {
+        return anyhow::Error::new(e);
+    };
+    let flag = match field.split('.').next().unwrap_or("") {
+        "payload" => "payload",
+        "run_at" => "run-at",
+        "delay" => "delay",
+        "priority" => "priority",
+        "key" => "key",
+        "dependency" => "dependency",
+        "kind" => "kind",
+        "policy" => "policy",
+        "max_attempts" | "ttl" => "policy",
+        _ => "queue",
+    };
+    if value.is_empty() {
+        usage(format!("--{flag}: {field}: {reason}"))
+    } else {
+        usage(format!("--{flag}: {field} {value:?}: {reason}"))
     }
-}
-
-/// The host of an `http(s)://host[:port]/…` URL.
-pub(crate) fn host_of(url: &str) -> Option<String> {
-    let rest = url.split_once("://")?.1;
-    let host = rest.split(['/', '?', '#']).next()?;
-    let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
-    (!host.is_empty()).then(|| host.to_owned())
 }
 
 pub(crate) fn enqueue(global: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
@@ -129,18 +182,24 @@ pub(crate) fn enqueue(global: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCod
     block_on(async move {
         let store = open(global).await?;
         let e = store.enqueue(&job, now).await?;
+        if !e.created {
+            // The same key for another request is an error, as in the API (exit 1).
+            check_same_request(&job, &e.job)?;
+        }
         if a.json {
-            println!(
+            outln!(
                 "{}",
-                serde_json::to_string_pretty(&json!({"created": e.created, "job": e.job}))?
+                serde_json::to_string_pretty(&json!({"created": e.created, "job": shown(e.job)}))?
             );
         } else if e.created {
-            println!(
+            outln!(
                 "enqueued job {} on {} ({})",
-                e.job.id, e.job.queue, e.job.state
+                e.job.id,
+                e.job.queue,
+                e.job.state
             );
         } else {
-            println!(
+            outln!(
                 "job {} already exists for key {:?} ({})",
                 e.job.id,
                 e.job.key.as_deref().unwrap_or(""),
@@ -149,6 +208,28 @@ pub(crate) fn enqueue(global: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCod
         }
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// A job as it may be shown: payload, result and last error redacted.
+pub(crate) fn shown(mut job: Job) -> Job {
+    job.payload = redact_value(&job.payload);
+    job.result = job.result.as_ref().map(redact_value);
+    job.last_error = job.last_error.as_deref().map(redact_text);
+    job
+}
+
+/// An attempt as it may be shown: its error redacted.
+fn shown_attempt(mut a: Attempt) -> Attempt {
+    a.error = a.error.as_deref().map(redact_text);
+    a
+}
+
+/// A page of jobs as it may be shown.
+fn shown_page(page: redrive_store::Page) -> redrive_store::Page {
+    redrive_store::Page {
+        jobs: page.jobs.into_iter().map(shown).collect(),
+        next: page.next,
+    }
 }
 
 fn state_arg(s: Option<&str>) -> anyhow::Result<Option<JobState>> {
@@ -162,7 +243,7 @@ fn state_arg(s: Option<&str>) -> anyhow::Result<Option<JobState>> {
 pub(crate) fn jobs(global: &Global, a: JobsArgs) -> anyhow::Result<ExitCode> {
     let state = state_arg(a.state.as_deref())?;
     block_on(async move {
-        let store = open(global).await?;
+        let store = open_existing(global).await?;
         let page = store
             .list(&ListParams {
                 state,
@@ -172,22 +253,28 @@ pub(crate) fn jobs(global: &Global, a: JobsArgs) -> anyhow::Result<ExitCode> {
                 ..Default::default()
             })
             .await?;
+        let page = shown_page(page);
         if a.json {
-            println!("{}", serde_json::to_string_pretty(&page)?);
+            outln!("{}", serde_json::to_string_pretty(&page)?);
         } else {
-            print_jobs(&page.jobs);
+            print_jobs(&page.jobs)?;
             if let Some(n) = page.next {
-                println!("more: --after {n}");
+                outln!("more: --after {n}");
             }
         }
         Ok(ExitCode::SUCCESS)
     })
 }
 
-fn print_jobs(jobs: &[Job]) {
-    println!(
+fn print_jobs(jobs: &[Job]) -> anyhow::Result<()> {
+    outln!(
         "{:>8}  {:<12} {:<10} {:<10} {:>8}  {:<20} REASON / ERROR",
-        "ID", "QUEUE", "KIND", "STATE", "ATTEMPTS", "RUN AT"
+        "ID",
+        "QUEUE",
+        "KIND",
+        "STATE",
+        "ATTEMPTS",
+        "RUN AT"
     );
     for j in jobs {
         let why = j
@@ -200,7 +287,7 @@ fn print_jobs(jobs: &[Job]) {
             .as_deref()
             .map(|e| truncate(e, 60))
             .unwrap_or_default();
-        println!(
+        outln!(
             "{:>8}  {:<12} {:<10} {:<10} {:>4}/{:<3}  {:<20} {why} {err}",
             j.id,
             truncate(&j.queue, 12),
@@ -212,8 +299,9 @@ fn print_jobs(jobs: &[Job]) {
         );
     }
     if jobs.is_empty() {
-        println!("(no jobs)");
+        outln!("(no jobs)");
     }
+    Ok(())
 }
 
 fn truncate(s: &str, n: usize) -> String {
@@ -226,23 +314,31 @@ fn truncate(s: &str, n: usize) -> String {
 
 pub(crate) fn show(global: &Global, a: ShowArgs) -> anyhow::Result<ExitCode> {
     block_on(async move {
-        let store = open(global).await?;
-        let mut job = store.get(a.id).await?.ok_or(StoreError::NotFound(a.id))?;
-        // Secret headers (Authorization, cookies, API keys) never reach the screen.
-        job.payload = redrive_http::redact_payload(&job.payload);
-        let attempts = store.attempts(a.id).await?;
+        let store = open_existing(global).await?;
+        let job = store.get(a.id).await?.ok_or(StoreError::NotFound(a.id))?;
+        // Secrets (headers, URL credentials, API keys) never reach the screen.
+        let job = shown(job);
+        let attempts: Vec<Attempt> = store
+            .attempts(a.id)
+            .await?
+            .into_iter()
+            .map(shown_attempt)
+            .collect();
         if a.json {
-            println!(
+            outln!(
                 "{}",
                 serde_json::to_string_pretty(&json!({"job": job, "attempts": attempts}))?
             );
             return Ok(ExitCode::SUCCESS);
         }
-        println!(
+        outln!(
             "job {} on {} ({}), policy {}",
-            job.id, job.queue, job.kind, job.policy
+            job.id,
+            job.queue,
+            job.kind,
+            job.policy
         );
-        println!(
+        outln!(
             "  state      {}{}",
             job.state,
             job.dead_reason
@@ -251,32 +347,36 @@ pub(crate) fn show(global: &Global, a: ShowArgs) -> anyhow::Result<ExitCode> {
                 .map(|r| format!(" ({r})"))
                 .unwrap_or_default()
         );
-        println!("  key        {}", job.key.as_deref().unwrap_or("-"));
-        println!("  dependency {}", job.dependency.as_deref().unwrap_or("-"));
-        println!(
+        outln!("  key        {}", job.key.as_deref().unwrap_or("-"));
+        outln!("  dependency {}", job.dependency.as_deref().unwrap_or("-"));
+        outln!(
             "  attempts   {}/{} (exceptions {}, defers {}, replays {})",
-            job.attempts, job.max_attempts, job.exceptions, job.defers, job.replays
+            job.attempts,
+            job.max_attempts,
+            job.exceptions,
+            job.defers,
+            job.replays
         );
-        println!("  run at     {}", job.run_at.to_rfc3339());
+        outln!("  run at     {}", job.run_at.to_rfc3339());
         if let Some(d) = job.deadline {
-            println!("  deadline   {}", d.to_rfc3339());
+            outln!("  deadline   {}", d.to_rfc3339());
         }
         if let Some(e) = &job.last_error {
-            println!("  last error {e}");
+            outln!("  last error {e}");
         }
-        println!("  payload    {}", job.payload);
+        outln!("  payload    {}", job.payload);
         if let Some(r) = &job.result {
-            println!("  result     {r}");
+            outln!("  result     {r}");
         }
-        print_attempts(&attempts);
+        print_attempts(&attempts)?;
         Ok(ExitCode::SUCCESS)
     })
 }
 
-fn print_attempts(attempts: &[Attempt]) {
-    println!("attempts:");
+fn print_attempts(attempts: &[Attempt]) -> anyhow::Result<()> {
+    outln!("attempts:");
     if attempts.is_empty() {
-        println!("  (none)");
+        outln!("  (none)");
     }
     for a in attempts {
         let delay = a
@@ -289,7 +389,7 @@ fn print_attempts(attempts: &[Attempt]) {
                 )
             })
             .unwrap_or_default();
-        println!(
+        outln!(
             "  #{}{} {} {:<14} {:>4} {:>6}ms token {} {}{}{}",
             a.number,
             if a.replay > 0 {
@@ -312,6 +412,7 @@ fn print_attempts(attempts: &[Attempt]) {
                 .unwrap_or_default(),
         );
     }
+    Ok(())
 }
 
 pub(crate) fn dead(global: &Global, cmd: DeadCommand) -> anyhow::Result<ExitCode> {
@@ -324,7 +425,7 @@ pub(crate) fn dead(global: &Global, cmd: DeadCommand) -> anyhow::Result<ExitCode
 
 fn dead_list(global: &Global, a: DeadListArgs) -> anyhow::Result<ExitCode> {
     block_on(async move {
-        let store = open(global).await?;
+        let store = open_existing(global).await?;
         let page = store
             .list(&ListParams {
                 state: Some(JobState::Dead),
@@ -333,10 +434,11 @@ fn dead_list(global: &Global, a: DeadListArgs) -> anyhow::Result<ExitCode> {
                 ..Default::default()
             })
             .await?;
+        let page = shown_page(page);
         if a.json {
-            println!("{}", serde_json::to_string_pretty(&page)?);
+            outln!("{}", serde_json::to_string_pretty(&page)?);
         } else {
-            print_jobs(&page.jobs);
+            print_jobs(&page.jobs)?;
         }
         Ok(ExitCode::SUCCESS)
     })
@@ -353,41 +455,219 @@ fn selection(s: &DeadSelection) -> anyhow::Result<Selection> {
     }
 }
 
+/// One id a bulk command could not act on, and why.
+#[derive(Debug, serde::Serialize)]
+struct Skipped {
+    id: i64,
+    reason: String,
+}
+
+/// Why `id` cannot be replayed or purged (it is not dead), or `None` if it is dead.
+async fn not_dead(store: &Store, id: i64) -> anyhow::Result<Option<String>> {
+    Ok(match store.get(id).await? {
+        None => Some("no such job".into()),
+        Some(j) if j.state != JobState::Dead => Some(format!("{}, not dead", j.state)),
+        Some(_) => None,
+    })
+}
+
+/// Every dead job of the selection (for `--dry-run` and the question before a purge).
+async fn dead_ids(store: &Store, queue: Option<&str>) -> anyhow::Result<Vec<Job>> {
+    let mut out = Vec::new();
+    let mut after = None;
+    loop {
+        let page = store
+            .list(&ListParams {
+                state: Some(JobState::Dead),
+                queue: queue.map(str::to_owned),
+                after,
+                limit: Some(1000),
+                ..Default::default()
+            })
+            .await?;
+        out.extend(page.jobs);
+        match page.next {
+            Some(n) => after = Some(n),
+            None => return Ok(out),
+        }
+    }
+}
+
+/// Asks on the terminal before a purge; refuses without `--yes` when stdin is not one.
+fn confirm_purge(n: usize, what: &str) -> anyhow::Result<bool> {
+    if !std::io::stdin().is_terminal() {
+        return Err(usage(
+            "dead purge deletes jobs and their history for good: add --yes to confirm (or --dry-run to see what it would delete)",
+        ));
+    }
+    eprint!(
+        "purge {n} dead job{} ({what}) and their history for good? [y/N] ",
+        plural(n)
+    );
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    std::io::stdin().read_line(&mut answer)?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes"))
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
 fn dead_bulk(global: &Global, s: DeadSelection, replay: bool) -> anyhow::Result<ExitCode> {
     let sel = selection(&s)?;
+    let (verb, would) = if replay {
+        ("replayed", "would replay")
+    } else {
+        ("purged", "would purge")
+    };
     block_on(async move {
-        let store = open(global).await?;
-        let n = if replay {
-            store.replay(&sel, chrono::Utc::now()).await?
-        } else {
-            store.purge(&sel).await?
-        };
-        let verb = if replay { "replayed" } else { "purged" };
-        if s.json {
-            println!("{}", json!({ verb: n }));
-        } else {
-            println!("{verb} {n} dead job{}", if n == 1 { "" } else { "s" });
+        let store = open_existing(global).await?;
+        let now = chrono::Utc::now();
+        let mut skipped: Vec<Skipped> = Vec::new();
+        // The dead jobs it is about: every one of --all, or the given ids that are dead.
+        let mut targets: Vec<i64> = Vec::new();
+        match &sel {
+            Selection::All { queue } => {
+                if s.dry_run || !replay {
+                    targets = dead_ids(&store, queue.as_deref())
+                        .await?
+                        .iter()
+                        .map(|j| j.id)
+                        .collect();
+                }
+            }
+            Selection::Ids(ids) => {
+                for &id in ids {
+                    match not_dead(&store, id).await? {
+                        Some(reason) => skipped.push(Skipped { id, reason }),
+                        None if !targets.contains(&id) => targets.push(id),
+                        None => {}
+                    }
+                }
+            }
         }
-        Ok(ExitCode::SUCCESS)
+        if !replay && !s.dry_run && !s.yes && !targets.is_empty() {
+            let what = match (&sel, s.queue.as_deref()) {
+                (Selection::All { .. }, Some(q)) => format!("all of queue {q}"),
+                (Selection::All { .. }, None) => "all".to_owned(),
+                _ => format!(
+                    "ids {}",
+                    targets
+                        .iter()
+                        .map(i64::to_string)
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                ),
+            };
+            if !confirm_purge(targets.len(), &what)? {
+                eprintln!("nothing purged");
+                return Ok(ExitCode::from(1));
+            }
+        }
+        let mut done: Vec<i64> = Vec::new();
+        let mut n: u64 = 0;
+        if s.dry_run {
+            n = targets.len() as u64;
+            done = targets;
+        } else if let Selection::All { queue } = &sel {
+            let all = Selection::All {
+                queue: queue.clone(),
+            };
+            n = if replay {
+                store.replay(&all, now).await?
+            } else {
+                store.purge(&all).await?
+            };
+        } else {
+            for id in targets {
+                let one = Selection::Ids(vec![id]);
+                let k = if replay {
+                    store.replay(&one, now).await?
+                } else {
+                    store.purge(&one).await?
+                };
+                if k == 0 {
+                    // It changed between the check and the change.
+                    let reason = not_dead(&store, id)
+                        .await?
+                        .unwrap_or_else(|| "changed meanwhile".into());
+                    skipped.push(Skipped { id, reason });
+                } else {
+                    n += k;
+                    done.push(id);
+                }
+            }
+        }
+        if s.json {
+            outln!(
+                "{}",
+                json!({ verb: n, "ids": done, "skipped": skipped, "dry_run": s.dry_run })
+            );
+        } else {
+            if s.dry_run {
+                for id in &done {
+                    outln!("{would} job {id}");
+                }
+                outln!(
+                    "{would} {n} dead job{} (dry run: nothing changed)",
+                    plural(n as usize)
+                );
+            } else {
+                outln!("{verb} {n} dead job{}", plural(n as usize));
+            }
+        }
+        Ok(skipped_exit(&skipped))
     })
+}
+
+/// Exit 1, with one line naming every skipped id, when any was skipped.
+fn skipped_exit(skipped: &[Skipped]) -> ExitCode {
+    if skipped.is_empty() {
+        return ExitCode::SUCCESS;
+    }
+    let list: Vec<String> = skipped
+        .iter()
+        .map(|k| format!("{} ({})", k.id, k.reason))
+        .collect();
+    eprintln!(
+        "redrive: skipped {} job{}: {}",
+        skipped.len(),
+        plural(skipped.len()),
+        list.join(", ")
+    );
+    ExitCode::from(1)
 }
 
 pub(crate) fn cancel(global: &Global, a: CancelArgs) -> anyhow::Result<ExitCode> {
     block_on(async move {
-        let store = open(global).await?;
-        let job = store.cancel(a.id, chrono::Utc::now()).await?;
-        println!("cancelled job {} on {}", job.id, job.queue);
-        Ok(ExitCode::SUCCESS)
+        let store = open_existing(global).await?;
+        let mut skipped = Vec::new();
+        for id in a.ids {
+            match store.cancel(id, chrono::Utc::now()).await {
+                Ok(job) => outln!("cancelled job {} on {}", job.id, job.queue),
+                Err(StoreError::NotFound(_)) => skipped.push(Skipped {
+                    id,
+                    reason: "no such job".into(),
+                }),
+                Err(StoreError::WrongState { state, .. }) => skipped.push(Skipped {
+                    id,
+                    reason: format!("already {state}"),
+                }),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(skipped_exit(&skipped))
     })
 }
 
 pub(crate) fn stats(global: &Global, a: JsonArgs) -> anyhow::Result<ExitCode> {
     block_on(async move {
-        let store = open(global).await?;
+        let store = open_existing(global).await?;
         let counts = store.counts().await?;
         let deps = store.dependencies().await?;
         if a.json {
-            println!(
+            outln!(
                 "{}",
                 serde_json::to_string_pretty(&json!({"counts": counts, "breakers": deps}))?
             );
@@ -395,36 +675,39 @@ pub(crate) fn stats(global: &Global, a: JsonArgs) -> anyhow::Result<ExitCode> {
         }
         let mut queues: Vec<&str> = counts.iter().map(|c| c.queue.as_str()).collect();
         queues.dedup();
-        print!("{:<16}", "QUEUE");
+        out!("{:<16}", "QUEUE");
         for s in JobState::ALL {
-            print!("{:>11}", s.as_str());
+            out!("{:>11}", s.as_str());
         }
-        println!();
+        outln!();
         for q in &queues {
-            print!("{:<16}", truncate(q, 16));
+            out!("{:<16}", truncate(q, 16));
             for s in JobState::ALL {
                 let n = counts
                     .iter()
                     .find(|c| c.queue == *q && c.state == s)
                     .map_or(0, |c| c.count);
-                print!("{n:>11}");
+                out!("{n:>11}");
             }
-            println!();
+            outln!();
         }
         if queues.is_empty() {
-            println!("(no jobs)");
+            outln!("(no jobs)");
         }
-        print_breakers(&deps);
+        print_breakers(&deps)?;
         Ok(ExitCode::SUCCESS)
     })
 }
 
-fn print_breakers(deps: &[redrive_store::Dependency]) {
+fn print_breakers(deps: &[redrive_store::Dependency]) -> anyhow::Result<()> {
     use redrive_policy::{BreakerMode, BreakerState};
     let now = chrono::Utc::now();
-    println!(
+    outln!(
         "{:<24} {:<10} {:<24} {:<12} PAUSED",
-        "DEPENDENCY", "BREAKER", "NEXT PROBE", "RATE LIMIT"
+        "DEPENDENCY",
+        "BREAKER",
+        "NEXT PROBE",
+        "RATE LIMIT"
     );
     for d in deps {
         let f = &d.flow;
@@ -446,7 +729,7 @@ fn print_breakers(deps: &[redrive_store::Dependency]) {
             BreakerMode::Normal => f.state.as_str(),
             m => m.as_str(),
         };
-        println!(
+        outln!(
             "{:<24} {:<10} {:<24} {:<12} {paused}",
             truncate(&d.name, 24),
             state,
@@ -455,26 +738,27 @@ fn print_breakers(deps: &[redrive_store::Dependency]) {
         );
     }
     if deps.is_empty() {
-        println!("(no dependencies seen yet)");
+        outln!("(no dependencies seen yet)");
     }
+    Ok(())
 }
 
 pub(crate) fn breakers(global: &Global, a: JsonArgs) -> anyhow::Result<ExitCode> {
     block_on(async move {
-        let store = open(global).await?;
+        let store = open_existing(global).await?;
         let deps = store.dependencies().await?;
         let events = store.dependency_events(None, 50).await?;
         if a.json {
-            println!(
+            outln!(
                 "{}",
                 serde_json::to_string_pretty(&json!({"breakers": deps, "transitions": events}))?
             );
         } else {
-            print_breakers(&deps);
+            print_breakers(&deps)?;
             if !events.is_empty() {
-                println!("recent transitions:");
+                outln!("recent transitions:");
                 for e in &events {
-                    println!(
+                    outln!(
                         "  {} {:<20} {} → {} ({})",
                         e.at.format("%Y-%m-%d %H:%M:%S"),
                         e.dependency,

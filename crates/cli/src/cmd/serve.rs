@@ -8,6 +8,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use metrics_exporter_prometheus::PrometheusBuilder;
 use redrive_http::HttpJob;
+use redrive_policy::StatusTable;
 use redrive_runtime::{Noop, Worker};
 use redrive_service::{AppConfig, ServiceConfig, ServiceError};
 use tokio_util::sync::CancellationToken;
@@ -28,7 +29,8 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
     if token.is_none() && !addr.ip().is_loopback() {
         return Err(usage(ServiceError::TokenRequired { addr }.to_string()));
     }
-    let set = policies::load(global)?;
+    let (set, egress) = policies::load_for_workers(global, &a.egress)?;
+    let http = HttpJob::with_egress(StatusTable::default(), egress)?;
     block_on(async move {
         let store = open(global).await?;
         let prometheus = PrometheusBuilder::new()
@@ -40,7 +42,7 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
         let workers = (a.workers > 0).then(|| {
             let w = Worker::builder(store.clone(), Vec::new())
                 .handler("noop", Arc::new(Noop))
-                .handler("http", Arc::new(HttpJob::default()))
+                .handler("http", Arc::new(http))
                 .policies(set.clone())
                 .concurrency(a.workers as usize)
                 .build();

@@ -1,5 +1,6 @@
 //! `redrive simulate`: the thundering-herd simulator, as a table, CSV, JSON and a chart.
 
+use crate::out::{out, outln};
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -29,14 +30,14 @@ pub(crate) fn run(_global: &Global, args: SimulateArgs) -> anyhow::Result<ExitCo
         redrive_sim::plot(&report, path)?;
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", redrive_sim::render_table(&report));
+        out!("{}", redrive_sim::render_table(&report));
         if let Some(path) = &args.csv {
-            println!("wrote {}", path.display());
+            outln!("wrote {}", path.display());
         }
         if let Some(path) = &args.plot {
-            println!("wrote {}", path.display());
+            outln!("wrote {}", path.display());
         }
     }
     Ok(ExitCode::SUCCESS)

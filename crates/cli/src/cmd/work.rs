@@ -5,11 +5,13 @@
 //! whatever still runs after the grace period is interrupted and released (the attempt not
 //! counted). A second signal exits at once; the leases then expire and are rescued.
 
+use crate::out::outln;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
 use redrive_http::HttpJob;
+use redrive_policy::StatusTable;
 use redrive_runtime::{Noop, Summary, Worker};
 use tokio_util::sync::CancellationToken;
 
@@ -18,7 +20,8 @@ use crate::cmd::queue::{block_on, open};
 use crate::policies;
 
 pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
-    let set = policies::load(global)?;
+    let (set, egress) = policies::load_for_workers(global, &a.egress)?;
+    let http = HttpJob::with_egress(StatusTable::default(), egress)?;
     block_on(async move {
         if let Some(addr) = a.metrics_addr {
             metrics_exporter_prometheus::PrometheusBuilder::new()
@@ -30,7 +33,7 @@ pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
         let store = open(global).await?;
         let worker = Worker::builder(store, a.queues.clone())
             .handler("noop", Arc::new(Noop))
-            .handler("http", Arc::new(HttpJob::default()))
+            .handler("http", Arc::new(http))
             .policies(set)
             .concurrency(a.concurrency as usize)
             .shutdown_grace(a.shutdown_grace)
@@ -44,7 +47,7 @@ pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
             tokio::spawn(signals(stop.clone()));
             worker.run(stop).await?
         };
-        println!(
+        outln!(
             "succeeded {}, dead {}, deferred {}, released {}, lease lost {}, attempts {}",
             total.succeeded,
             total.dead,
