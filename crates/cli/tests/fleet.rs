@@ -409,7 +409,10 @@ fn psp_load(r: &FleetRun) -> (f64, f64, f64, f64, f64) {
         *slices.entry(x.t_us / 100_000).or_default() += 1;
     }
     let peak = slices.values().copied().max().unwrap_or(0) as f64 / (FLEET_LIMIT / 10.0);
-    let (o0, o1) = (FLEET_OUTAGE.0 as f64, (FLEET_OUTAGE.0 + FLEET_OUTAGE.1) as f64);
+    let (o0, o1) = (
+        FLEET_OUTAGE.0 as f64,
+        (FLEET_OUTAGE.0 + FLEET_OUTAGE.1) as f64,
+    );
     let in_outage = r
         .log
         .iter()

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use redrive_http::{EgressPolicy, HttpJob, RedirectMode};
-use redrive_policy::StatusTable;
+use redrive_policy::{BreakerState, StatusTable};
 use redrive_runtime::Worker;
 use redrive_store::{Job, JobState, NewJob, Store};
 use serde_json::{Value, json};
@@ -382,6 +382,6 @@ async fn a_stored_header_with_crlf_is_permanent_at_once_and_never_feeds_the_brea
     );
     assert_eq!(seen.requests.load(Ordering::SeqCst), 0);
     for d in s.dependencies().await.unwrap() {
-        assert_eq!(d.state, "closed", "{d:?}");
+        assert_eq!(d.flow.state, BreakerState::Closed, "{d:?}");
     }
 }

@@ -157,8 +157,7 @@ fn flow(c: &mut Criterion) {
     });
     let limited_429 = FlowEvent::RateLimited {
         pause_until: Some(now + second),
-        served_per_s: 80.0,
-        epoch_seen: None,
+        served_per_s: Some(80.0),
         probe: false,
     };
     g.bench_function("apply RateLimited", |b| {

@@ -869,6 +869,9 @@ impl FlowConfig {
         row.rate_cap = Some(cap);
         row.rate_cut_at = Some(now);
         row.rate_raised_at = Some(now);
+        // Slots reserved at the old rate are void (the processes drop theirs on a 429): the
+        // new rate's slots start when the pause ends, not behind the old backlog.
+        row.tat = Some(row.paused_until.filter(|p| *p > now).unwrap_or(now));
     }
 
     fn tick(&self, row: &mut FlowRow, now: Timestamp) -> Option<Transition> {
@@ -929,7 +932,7 @@ impl FlowConfig {
 }
 
 mod client;
-pub use client::{FlowClient, Next};
+pub use client::{FlowClient, Next, SLOT_HORIZON};
 
 #[cfg(test)]
 mod tests;

@@ -772,7 +772,7 @@ async fn breakers(State(state): State<AppState>) -> Result<Response, Page> {
         @if list.is_empty() { p.muted { "No dependency has a breaker or a pause yet." } }
         @else {
             table #breakers {
-                thead { tr { th { "Dependency" } th { "State" } th { "Next probe" } th { "Probe permits" } th { "Paused until" } th { "Updated" } } }
+                thead { tr { th { "Dependency" } th { "State" } th { "Next probe" } th { "Probe permits" } th { "Rate limit" } th { "Paused until" } th { "Updated" } } }
                 tbody {
                     @for b in &list {
                         tr data-name=(b.name) {
@@ -780,6 +780,7 @@ async fn breakers(State(state): State<AppState>) -> Result<Response, Page> {
                             td { (state_badge(&b.state)) }
                             td { @match b.next_probe_at { Some(t) => { (relative(t, now)) }, None => { span.muted { "—" } } } }
                             td.n { (b.probe_permits) }
+                            td.n.rate { @match b.rate_limit { Some(r) => { (format!("{r:.1}/s")) }, None => { span.muted { "none" } } } @if b.mode != "normal" { br; span.muted { (b.mode) } } }
                             td { (when(b.paused_until, now)) @if let Some(r) = &b.pause_reason { br; span.muted { (r) } } }
                             td { (when(Some(b.updated_at), now)) }
                         }

@@ -358,3 +358,32 @@ async fn breakers_page_shows_state_next_probe_and_transitions() {
     assert!(o.body.contains("1 open"), "{}", o.body);
     h.cleanup().await;
 }
+
+#[tokio::test]
+async fn breakers_page_and_api_show_the_learned_rate_limit() {
+    let h = sqlite(AppConfig::default()).await;
+    let now = chrono::Utc::now();
+    let flow = redrive_policy::FlowRow {
+        rate: Some(72.5),
+        rate_cut_at: Some(now),
+        ..redrive_policy::FlowRow::default()
+    };
+    h.store
+        .update_dependency(&redrive_store::DependencyWrite {
+            dependency: "psp.rate".into(),
+            expect_version: None,
+            flow,
+            transition: None,
+            now,
+        })
+        .await
+        .unwrap();
+    let r = send(&h.app(), get("/breakers")).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(r.body.contains("72.5/s"), "{}", r.body);
+    let api = send(&h.app(), get("/v1/breakers")).await;
+    let v: serde_json::Value = serde_json::from_str(&api.body).unwrap();
+    assert_eq!(v["breakers"][0]["rate_limit"], 72.5, "{v}");
+    assert_eq!(v["breakers"][0]["mode"], "normal", "{v}");
+    h.cleanup().await;
+}

@@ -339,8 +339,14 @@ impl QueueRun {
         n429 as f64 / self.requests_total.max(1) as f64
     }
 
-    /// The chart of the PSP's load (as `redrive demo` draws it), with the open-breaker windows.
-    pub fn load_chart(&self, title: String, outage: Option<PspOutage>) -> LoadChart {
+    /// The chart of the PSP's load (as `redrive demo` draws it), with the open-breaker windows
+    /// and the PSP's rate limit (requests per second), if any, as a line.
+    pub fn load_chart(
+        &self,
+        title: String,
+        outage: Option<PspOutage>,
+        limit_rps: Option<f64>,
+    ) -> LoadChart {
         let mut open = Vec::new();
         for (i, t) in self.breaker_transitions.iter().enumerate() {
             if t.to == "open" {
@@ -358,6 +364,7 @@ impl QueueRun {
             failed: self.failed.iter().map(|&n| u64::from(n)).collect(),
             outage: outage.map(|o| (o.start.as_secs_f64(), (o.start + o.length).as_secs_f64())),
             open,
+            limit: limit_rps.map(|r| r / 10.0),
         }
     }
 }

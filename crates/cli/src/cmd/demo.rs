@@ -37,7 +37,9 @@ use tokio_util::sync::CancellationToken;
 use crate::args::{DemoArgs, Global};
 use crate::cmd::queue::block_on;
 
-use crate::cmd::demo_scenario::{DEPENDENCY, OUTAGE, QUEUE, RETRY_AFTER_S, policies, scenario};
+use crate::cmd::demo_scenario::{
+    CALL_TIMEOUT, DEPENDENCY, OUTAGE, POLL_INTERVAL, QUEUE, RETRY_AFTER_S, policies, scenario,
+};
 
 /// The report, also printed with `--json`.
 #[derive(Debug, Serialize)]
@@ -149,7 +151,7 @@ pub(crate) fn run(_global: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
                         "url": url,
                         "headers": {"Authorization": "Bearer sk_test_demo_secret"},
                         "body": {"amount": 1000 + i, "currency": "EUR", "reference": format!("order-{i}")},
-                        "timeout_ms": 1000,
+                        "timeout_ms": CALL_TIMEOUT.as_millis() as u64,
                     }),
                 )
                 .key(format!("order-{i}"))
@@ -187,7 +189,7 @@ pub(crate) fn run(_global: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
             .policies(set)
             .concurrency(a.concurrency)
             .gauge_interval(None)
-            .poll_interval(Duration::from_millis(50))
+            .poll_interval(POLL_INTERVAL)
             .seed(a.seed)
             .build();
         sim.reset();
@@ -419,14 +421,12 @@ async fn report(
     }
     let stored: Vec<measure::Stored> = events
         .iter()
-        .map(|e| {
-            Ok(measure::Stored {
-                at: e.at,
-                from: BreakerState::parse(&e.from)?,
-                to: BreakerState::parse(&e.to)?,
-            })
+        .map(|e| measure::Stored {
+            at: e.at,
+            from: e.from,
+            to: e.to,
         })
-        .collect::<Result<_, redrive_policy::PolicyError>>()?;
+        .collect();
     let published: Vec<_> = published
         .iter()
         .filter(|p| p.dependency == DEPENDENCY)
@@ -607,7 +607,8 @@ fn print_report(r: &Report) -> anyhow::Result<()> {
     };
     outln!(
         "  replayed answers   {} by the idempotency layer, {} by the ledger; the charge ran at most {runs} for one key",
-        r.psp.layer_replays, r.psp.replays
+        r.psp.layer_replays,
+        r.psp.replays
     );
     if r.exactly_once {
         outln!("  => every charge exactly once");

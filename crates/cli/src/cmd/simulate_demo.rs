@@ -53,7 +53,10 @@ pub(crate) fn run(a: &SimulateArgs, name: &str) -> anyhow::Result<ExitCode> {
             "redrive simulate --scenario demo: PSP load, {} charges, {} workers (seed {})",
             cfg.jobs, cfg.workers, first.seed
         );
-        redrive_sim::plot_load(&first.load_chart(title, cfg.psp.outage), path)?;
+        redrive_sim::plot_load(
+            &first.load_chart(title, cfg.psp.outage, cfg.psp.rate_limit),
+            path,
+        )?;
     }
     if a.json {
         let report = Report {

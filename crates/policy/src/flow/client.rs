@@ -9,6 +9,9 @@ use crate::{DeferReason, FailureClass, RetryBudget, Timestamp};
 
 /// A send slot older than this is dropped rather than used late (it would bunch calls).
 const SLOT_GRACE: Duration = Duration::from_millis(20);
+/// The farthest ahead a process reserves send slots, whatever its in-process wait: slots
+/// reserved far ahead at a rate that a 429 then cuts would keep going out at the old rate.
+pub const SLOT_HORIZON: Duration = Duration::from_secs(1);
 /// How long a retry held back by the retry budget waits before it looks again.
 const BUDGET_WAIT: Duration = Duration::from_secs(1);
 
@@ -165,7 +168,7 @@ impl FlowClient {
                 reason: DeferReason::Throttled,
             },
             None => Next::Apply(FlowEvent::Reserve {
-                max_ahead: max_wait,
+                max_ahead: max_wait.min(SLOT_HORIZON),
             }),
         }
     }

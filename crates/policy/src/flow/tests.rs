@@ -441,6 +441,44 @@ fn a_client_gives_its_share_once_per_epoch_however_many_429s_it_gets() {
 }
 
 #[test]
+fn a_cut_voids_the_backlog_reserved_at_the_old_rate() {
+    let c = cfg();
+    let row = FlowRow {
+        rate: Some(80.0),
+        tat: Some(at_ms(5000)),
+        ..FlowRow::default()
+    };
+    let s = c.apply(
+        &row,
+        FlowEvent::RateLimited {
+            pause_until: Some(at_ms(1000)),
+            served_per_s: Some(50.0),
+            probe: false,
+        },
+        t0(),
+        &mut rng(),
+    );
+    assert_eq!(
+        s.row.tat,
+        Some(at_ms(1000)),
+        "the new rate's slots start at the pause's end"
+    );
+    assert_eq!(s.row.rate, Some(45.0));
+}
+
+#[test]
+fn a_client_never_reserves_beyond_the_slot_horizon() {
+    let c = cfg().with_rate(RateConfig::fixed(80.0).unwrap());
+    let mut client = FlowClient::new(c, 1);
+    assert_eq!(
+        client.before_call(&FlowRow::default(), false, Duration::from_secs(10), t0()),
+        Next::Apply(FlowEvent::Reserve {
+            max_ahead: SLOT_HORIZON
+        })
+    );
+}
+
+#[test]
 fn an_epoch_never_sums_beyond_the_rate_before_it() {
     let c = cfg().with_rate(RateConfig::fixed(40.0).unwrap());
     let ev = |served| FlowEvent::RateLimited {
