@@ -171,7 +171,7 @@ fn flow(c: &mut Criterion) {
     let step = cfg.apply(&limited, ev, now, &mut rng);
     let row = step.row;
     assert!(matches!(
-        holder.granted(step.grant, now),
+        holder.granted(step.grant, wait, now),
         Next::CallAt { .. }
     ));
     assert!(holder.slots_held() > 0);

@@ -869,9 +869,6 @@ impl FlowConfig {
         row.rate_cap = Some(cap);
         row.rate_cut_at = Some(now);
         row.rate_raised_at = Some(now);
-        // Slots reserved at the old rate are void (the processes drop theirs on a 429): the
-        // new rate's slots start when the pause ends, not behind the old backlog.
-        row.tat = Some(row.paused_until.filter(|p| *p > now).unwrap_or(now));
     }
 
     fn tick(&self, row: &mut FlowRow, now: Timestamp) -> Option<Transition> {

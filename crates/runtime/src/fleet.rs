@@ -40,6 +40,9 @@ pub(crate) enum Gate {
     Go { probe: bool },
     /// Call at `at` (a send slot of the rate limit), waiting in process.
     At { at: Timestamp },
+    /// Wait in process until `until`, then ask again (`admit` with `waited`): the next send
+    /// slot is within the wait but beyond the reservation horizon.
+    Wait { until: Timestamp },
     /// Don't call before `until`.
     Blocked {
         until: Timestamp,
@@ -134,25 +137,34 @@ impl Fleet {
 
     /// May this process call `dep` now? Takes a probe permit or reserves send slots from the
     /// store when the row says so. `retry`: the job has been attempted before; `max_wait`: the
-    /// longest wait in process for a send slot.
+    /// longest wait in process for a send slot (what is left of it after a [`Gate::Wait`]);
+    /// `waited`: this asks again after a [`Gate::Wait`].
     pub(crate) async fn admit(
         &self,
         dep: &str,
         retry: bool,
         max_wait: Duration,
+        waited: bool,
         now: Timestamp,
     ) -> Result<Gate, StoreError> {
         let row = self.row(dep, false).await?;
         let flow = row.map(|d| d.flow).unwrap_or_default();
-        let mut next = self.with(dep, |e| e.client.before_call(&flow, retry, max_wait, now));
+        let mut next = self.with(dep, |e| {
+            if waited {
+                e.client.after_wait(&flow, max_wait, now)
+            } else {
+                e.client.before_call(&flow, retry, max_wait, now)
+            }
+        });
         for _ in 0..2 {
             match next {
                 Next::Call { probe } => return Ok(Gate::Go { probe }),
                 Next::CallAt { at } => return Ok(Gate::At { at }),
+                Next::Wait { until } => return Ok(Gate::Wait { until }),
                 Next::Blocked { until, reason } => return Ok(Gate::Blocked { until, reason }),
                 Next::Apply(ev) => {
                     let step = self.apply(dep, ev, now).await?;
-                    next = self.with(dep, |e| e.client.granted(step.grant, now));
+                    next = self.with(dep, |e| e.client.granted(step.grant, max_wait, now));
                 }
             }
         }
@@ -160,6 +172,7 @@ impl Fleet {
         Ok(match next {
             Next::Call { probe } => Gate::Go { probe },
             Next::CallAt { at } => Gate::At { at },
+            Next::Wait { until } => Gate::Wait { until },
             Next::Blocked { until, reason } => Gate::Blocked { until, reason },
             Next::Apply(_) => Gate::Blocked {
                 until: now,

@@ -620,6 +620,7 @@ impl Run {
             detail: e.to_string(),
         };
 
+        let mut waited_since = None;
         loop {
             // Is the dependency open or paused (fleet-wide)? Then defer: not an attempt.
             let mut probe = false;
@@ -627,27 +628,42 @@ impl Run {
             if let (Some(dep), Some(_)) = (&job.dependency, &handler) {
                 let now = clock.now();
                 let retry = counters.attempts > 0;
-                let max_wait = policy.retry.in_process_max_wait;
-                match self.w.fleet.admit(dep, retry, max_wait, now).await {
-                    Ok(Gate::Go { probe: p }) => probe = p,
-                    Ok(Gate::At { at }) => {
-                        // A send slot of the dependency's rate limit: wait for it, holding the
-                        // lease (at most in_process_max_wait).
-                        let wait = (at - now).to_std().unwrap_or_default();
-                        tokio::select! {
-                            biased;
-                            _ = lost.cancelled() => {
-                                lost_lease(&mut s);
-                                return Ok(s);
-                            }
-                            _ = self.stop.cancelled() => {
-                                return self
-                                    .end_unattempted(job, counters, Transition::Released, lost, s)
-                                    .await;
-                            }
-                            _ = tokio::time::sleep(wait) => {}
+                // What is left of the wait in process, after a wait for the reservation horizon.
+                let full = policy.retry.in_process_max_wait;
+                let max_wait = waited_since.map_or(full, |t: Timestamp| {
+                    full.saturating_sub((now - t).to_std().unwrap_or_default())
+                });
+                let gate = self
+                    .w
+                    .fleet
+                    .admit(dep, retry, max_wait, waited_since.is_some(), now)
+                    .await;
+                if let Ok(Gate::At { at } | Gate::Wait { until: at }) = gate {
+                    // A send slot of the dependency's rate limit, or the time to reserve one:
+                    // wait for it, holding the lease (at most in_process_max_wait).
+                    let wait = (at - now).to_std().unwrap_or_default();
+                    tokio::select! {
+                        biased;
+                        _ = lost.cancelled() => {
+                            lost_lease(&mut s);
+                            return Ok(s);
                         }
+                        _ = self.stop.cancelled() => {
+                            return self
+                                .end_unattempted(job, counters, Transition::Released, lost, s)
+                                .await;
+                        }
+                        _ = tokio::time::sleep(wait) => {}
                     }
+                    if matches!(gate, Ok(Gate::Wait { .. })) {
+                        waited_since.get_or_insert(now);
+                        continue;
+                    }
+                }
+                waited_since = None;
+                match gate {
+                    Ok(Gate::Go { probe: p }) => probe = p,
+                    Ok(Gate::At { .. } | Gate::Wait { .. }) => {}
                     Ok(Gate::Blocked { until, reason }) => {
                         let action = policy.decide_blocked(&counters, until, reason, now, &mut rng);
                         let (transition, _) = plan(action, &serde_json::Value::Null);

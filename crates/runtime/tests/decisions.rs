@@ -684,3 +684,55 @@ async fn a_lost_lease_cancels_the_handler_and_writes_nothing() {
     assert_eq!(e.get(id).await.state, JobState::Cancelled);
     assert!(e.attempts(id).await.is_empty(), "nothing written");
 }
+
+/// Times of the handler's calls (tokio time, paused).
+#[derive(Debug, Default)]
+struct Stamps(std::sync::Mutex<Vec<tokio::time::Instant>>);
+
+impl Handler for Stamps {
+    fn run(&self, _ctx: JobContext) -> BoxFuture<'static, Attempted> {
+        self.0.lock().unwrap().push(tokio::time::Instant::now());
+        Box::pin(async { ok() })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_send_slot_beyond_the_reservation_horizon_is_waited_for_in_process() {
+    // 2 calls per second, 8 jobs at once: the last slot is 3.5 s away, beyond the one second
+    // a process reserves ahead but within the 10 s wait in process. Every job waits for its
+    // slot holding its lease: none is deferred, and the calls keep to the rate.
+    let e = env().await;
+    for _ in 0..8 {
+        e.enqueue(NewJob::new("q", "k", json!({})).dependency("psp"))
+            .await;
+    }
+    let mut set = PolicySet::builtin();
+    set.insert_flow(
+        "psp",
+        redrive_policy::FlowConfig::default().with_rate(
+            redrive_policy::RateConfig::fixed(2.0)
+                .unwrap()
+                .with_burst(0),
+        ),
+    );
+    let h = Arc::new(Stamps::default());
+    let s = e
+        .worker("k", h.clone())
+        .policies(set)
+        .concurrency(8)
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!((s.succeeded, s.attempts, s.deferred), (8, 8, 0), "{s:?}");
+    let mut at = h.0.lock().unwrap().clone();
+    at.sort();
+    for w in at.windows(2) {
+        assert!(
+            w[1] - w[0] >= Duration::from_millis(499),
+            "calls {:?} apart",
+            w[1] - w[0]
+        );
+    }
+    assert!(at[7] - at[0] >= Duration::from_millis(3_490));
+}

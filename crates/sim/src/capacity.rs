@@ -249,6 +249,7 @@ pub(crate) fn run<R: Rng + ?Sized>(
     let mut prev: Vec<Option<Duration>> = vec![None; n];
     let mut sent_at = vec![0u64; n];
     let mut probe = vec![false; n];
+    let mut waited: Vec<Option<u64>> = vec![None; n];
     let mut done = 0u32;
     let mut last = 0u64;
     let burst = f64::from(cfg.burst_size());
@@ -302,13 +303,19 @@ pub(crate) fn run<R: Rng + ?Sized>(
                     q.push(t + TICK_NS, 0, TICK, 0);
                 }
             }
-            WAKE => match fleet.before_call(process(c), true, max_wait, t, rng) {
+            WAKE => match fleet.before_call(process(c), true, max_wait, waited[ci], t, rng) {
+                Gate::Wait { at_ns } => {
+                    waited[ci].get_or_insert(t);
+                    q.push(at_ns, c, WAKE, 0);
+                }
                 Gate::Blocked { until, reason } => {
+                    waited[ci] = None;
                     out.blocked += 1;
                     q.push(defer(until, reason, t, rng), c, WAKE, 0);
                 }
                 Gate::Call { at_ns, probe: p } => {
                     // A send slot later than now is waited for in process.
+                    waited[ci] = None;
                     probe[ci] = p;
                     sent_at[ci] = at_ns;
                     q.push(at_ns + cfg.net.delay_ns(rng), c, AT_SERVER, 0);

@@ -46,6 +46,9 @@ pub(crate) enum Gate {
     /// Call at `at_ns` (now, or a send slot of the rate limit waited for in process);
     /// `probe` when the call is one of the half-open probes.
     Call { at_ns: u64, probe: bool },
+    /// Wait in process until `at_ns`, then ask again (`before_call` with `waited_since`): the
+    /// next send slot is within the wait but beyond the reservation horizon.
+    Wait { at_ns: u64 },
     /// Don't call before `until`: the job is deferred (not an attempt).
     Blocked {
         until: Timestamp,
@@ -122,20 +125,29 @@ impl Fleet {
     }
 
     /// Before a call of process `p`: `retry` when the job has been attempted before, `max_wait`
-    /// the policy's `in_process_max_wait`.
+    /// the policy's `in_process_max_wait`, `waited_since` when the job has been waiting in
+    /// process since then (after a [`Gate::Wait`]).
+    #[allow(clippy::too_many_arguments)] // the protocol's own arguments, plus the process
     pub(crate) fn before_call<R: Rng + ?Sized>(
         &mut self,
         p: usize,
         retry: bool,
         max_wait: Duration,
+        waited_since: Option<u64>,
         now_ns: u64,
         rng: &mut R,
     ) -> Gate {
         let now = ts(now_ns);
-        let mut next = self.clients[p].before_call(&self.row, retry, max_wait, now);
+        let mut next = match waited_since {
+            None => self.clients[p].before_call(&self.row, retry, max_wait, now),
+            Some(since) => {
+                let left = max_wait.saturating_sub(Duration::from_nanos(now_ns - since));
+                self.clients[p].after_wait(&self.row, left, now)
+            }
+        };
         if let Next::Apply(ev) = next {
             let grant = self.apply(ev, now, rng);
-            next = self.clients[p].granted(grant, now);
+            next = self.clients[p].granted(grant, max_wait, now);
         }
         match next {
             Next::Call { probe } => Gate::Call {
@@ -145,6 +157,9 @@ impl Fleet {
             Next::CallAt { at } => Gate::Call {
                 at_ns: ns_of(at).max(now_ns),
                 probe: false,
+            },
+            Next::Wait { until } => Gate::Wait {
+                at_ns: ns_of(until).max(now_ns),
             },
             Next::Blocked { until, reason } => Gate::Blocked { until, reason },
             // `granted` never asks for a second event; were it to, look again shortly.
@@ -244,7 +259,7 @@ mod tests {
         let mut rng = SmallRng::seed_from_u64(1);
         let wait = Duration::from_secs(1);
         let at: Vec<u64> = (0..12)
-            .map(|_| match f.before_call(0, false, wait, 0, &mut rng) {
+            .map(|_| match f.before_call(0, false, wait, None, 0, &mut rng) {
                 Gate::Call { at_ns, probe } => {
                     assert!(!probe);
                     at_ns
@@ -293,7 +308,7 @@ mod tests {
         assert!(!normal.claimable(5 * MS));
         assert_eq!(normal.next_due(0), 1004 * MS);
         assert!(matches!(
-            normal.before_call(0, true, d, 5 * MS, &mut rng),
+            normal.before_call(0, true, d, None, 5 * MS, &mut rng),
             Gate::Blocked {
                 reason: DeferReason::BreakerOpen,
                 ..
@@ -302,7 +317,7 @@ mod tests {
         // After the cool-down: probes, and the claim hands jobs out again.
         assert!(normal.claimable(1004 * MS));
         assert_eq!(
-            normal.before_call(0, true, d, 1004 * MS, &mut rng),
+            normal.before_call(0, true, d, None, 1004 * MS, &mut rng),
             Gate::Call {
                 at_ns: 1004 * MS,
                 probe: true

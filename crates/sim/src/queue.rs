@@ -468,6 +468,8 @@ struct Job {
     charged: bool,
     probe: bool,
     sent_ns: u64,
+    /// Waiting in process for the reservation horizon since then.
+    waited_since: Option<u64>,
     fin: Option<Fin>,
 }
 
@@ -654,11 +656,23 @@ impl Sim<'_> {
         let policy = &self.cfg.policy;
         let job = &self.jobs[id as usize];
         let retry = job.counters.attempts > 0;
-        let gate =
-            self.fleet
-                .before_call(0, retry, policy.retry.in_process_max_wait, t, &mut self.rng);
+        let waited_since = job.waited_since;
+        let gate = self.fleet.before_call(
+            0,
+            retry,
+            policy.retry.in_process_max_wait,
+            waited_since,
+            t,
+            &mut self.rng,
+        );
         self.woken(t);
+        let job = &mut self.jobs[id as usize];
+        job.waited_since = match gate {
+            Gate::Wait { .. } => Some(waited_since.unwrap_or(t)),
+            _ => None,
+        };
         match gate {
+            Gate::Wait { at_ns } => self.q.push(at_ns, id, RETRY, 0),
             Gate::Blocked { until, reason } => {
                 self.out.blocked += 1;
                 let counters = self.jobs[id as usize].counters;

@@ -313,8 +313,6 @@ fn an_adaptive_limit_learns_a_psp_at_50_per_s_within_10_percent() {
 }
 
 #[test]
-#[ignore = "known gap: with the default 10 s in-process wait the rate is learnt (46-47/s) but \
-            11-15% of the calls are 429s (seeds 1-3), above the 10% the 1 s wait keeps"]
 fn an_adaptive_limit_learns_a_psp_at_50_per_s_with_the_default_in_process_wait() {
     let model = Model::Capacity(CapacityConfig::default());
     for seed in 1..=3 {

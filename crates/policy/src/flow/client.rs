@@ -31,6 +31,13 @@ pub enum Next {
     /// Apply this event to the shared row (compare-and-set), then give the step's grant to
     /// [`FlowClient::granted`].
     Apply(FlowEvent),
+    /// No send slot can be reserved yet (slots are reserved at most [`SLOT_HORIZON`] ahead),
+    /// but one comes within the wait in process: wait until `until`, holding the job, then
+    /// ask again with [`FlowClient::after_wait`].
+    Wait {
+        /// When to ask again.
+        until: Timestamp,
+    },
     /// Don't call before `until`: the job is deferred, and this is not an attempt.
     Blocked {
         /// The earliest time worth trying again.
@@ -49,7 +56,8 @@ pub enum Next {
 /// The protocol, for every call:
 /// 1. [`FlowClient::before_call`] with the row as last read: call now, call at a slot, apply
 ///    an event first (reserve slots, take a probe), or defer.
-/// 2. After applying an event, [`FlowClient::granted`] with the step's grant.
+/// 2. After applying an event, [`FlowClient::granted`] with the step's grant. A
+///    [`Next::Wait`] asks again after the wait with [`FlowClient::after_wait`].
 /// 3. After the call, [`FlowClient::after_call`]: the report to apply to the row, if any
 ///    (a probe's answer, an opening, a 429); then [`FlowClient::reported`] with the row after it.
 ///
@@ -67,7 +75,7 @@ pub enum Next {
 /// let Next::Apply(ev) = client.before_call(&row, false, wait, now) else { panic!() };
 /// let step = cfg.apply(&row, ev, now, &mut rng); // the runtime writes step.row to the store
 /// row = step.row;
-/// assert_eq!(client.granted(step.grant, now), Next::CallAt { at: now });
+/// assert_eq!(client.granted(step.grant, wait, now), Next::CallAt { at: now });
 /// // The next call takes the batch's second slot, 12.5 ms later, without touching the row.
 /// let at = now + chrono::Duration::microseconds(12_500);
 /// assert_eq!(client.before_call(&row, false, wait, now), Next::CallAt { at });
@@ -150,6 +158,23 @@ impl FlowClient {
                 };
             }
         }
+        self.slot(check, max_wait, now)
+    }
+
+    /// Asks again after a [`Next::Wait`], with what is left of the wait in process. Like
+    /// [`FlowClient::before_call`], but the call was already counted against the retry budget.
+    pub fn after_wait(&mut self, row: &FlowRow, max_wait: Duration, now: Timestamp) -> Next {
+        self.observe(row, now);
+        let check = self.config.check(row, now);
+        match check {
+            Check::Blocked { until, reason } => Next::Blocked { until, reason },
+            Check::Probe => Next::Apply(FlowEvent::TakeProbe),
+            Check::Go | Check::Limited => self.slot(check, max_wait, now),
+        }
+    }
+
+    /// A held send slot, or a reservation to apply.
+    fn slot(&mut self, check: Check, max_wait: Duration, now: Timestamp) -> Next {
         if check == Check::Go {
             self.slots.clear();
             return Next::Call { probe: false };
@@ -174,10 +199,16 @@ impl FlowClient {
     }
 
     /// After applying the event [`FlowClient::before_call`] asked for: what the step granted.
-    pub fn granted(&mut self, grant: Grant, now: Timestamp) -> Next {
+    /// `max_wait`: the same as given to `before_call`.
+    pub fn granted(&mut self, grant: Grant, max_wait: Duration, now: Timestamp) -> Next {
         match grant {
             Grant::Go | Grant::None => Next::Call { probe: false },
             Grant::Probe => Next::Call { probe: true },
+            // The next slot is beyond the reservation horizon but within the wait: wait.
+            Grant::Blocked {
+                until,
+                reason: DeferReason::Throttled,
+            } if until <= add(now, max_wait) => Next::Wait { until },
             Grant::Blocked { until, reason } => Next::Blocked { until, reason },
             Grant::Slots(s) => {
                 self.slots.extend((0..s.count()).map(|i| s.at(i)));

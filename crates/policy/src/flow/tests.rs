@@ -441,32 +441,6 @@ fn a_client_gives_its_share_once_per_epoch_however_many_429s_it_gets() {
 }
 
 #[test]
-fn a_cut_voids_the_backlog_reserved_at_the_old_rate() {
-    let c = cfg();
-    let row = FlowRow {
-        rate: Some(80.0),
-        tat: Some(at_ms(5000)),
-        ..FlowRow::default()
-    };
-    let s = c.apply(
-        &row,
-        FlowEvent::RateLimited {
-            pause_until: Some(at_ms(1000)),
-            served_per_s: Some(50.0),
-            probe: false,
-        },
-        t0(),
-        &mut rng(),
-    );
-    assert_eq!(
-        s.row.tat,
-        Some(at_ms(1000)),
-        "the new rate's slots start at the pause's end"
-    );
-    assert_eq!(s.row.rate, Some(45.0));
-}
-
-#[test]
 fn a_client_never_reserves_beyond_the_slot_horizon() {
     let c = cfg().with_rate(RateConfig::fixed(80.0).unwrap());
     let mut client = FlowClient::new(c, 1);
@@ -727,15 +701,17 @@ fn aimd_settles_near_a_fixed_psp_limit() {
             if let Next::Apply(ev) = next {
                 let s = c.apply(&row, ev, now, &mut r);
                 row = s.row;
-                next = client.granted(s.grant, now);
+                next = client.granted(s.grant, AHEAD, now);
             }
             match next {
                 Next::Call { .. } => {}
                 Next::CallAt { at } if at <= now => {}
-                Next::CallAt { at } | Next::Blocked { until: at, .. } => {
+                Next::CallAt { at }
+                | Next::Blocked { until: at, .. }
+                | Next::Wait { until: at } => {
                     wait_until = Some(at);
                     // The slot is this call's: it goes at `at`.
-                    if matches!(next, Next::Blocked { .. }) {
+                    if !matches!(next, Next::CallAt { .. }) {
                         continue;
                     }
                 }
@@ -776,4 +752,67 @@ fn aimd_settles_near_a_fixed_psp_limit() {
             "limit {limit}: learned rate {mean:.1} (rates {rates:?})"
         );
     }
+}
+
+#[test]
+fn a_slot_beyond_the_horizon_but_within_the_wait_is_waited_for() {
+    let c = cfg().with_rate(RateConfig::fixed(80.0).unwrap().with_burst(0));
+    let mut client = FlowClient::new(c.clone(), 1);
+    let mut r = rng();
+    // The fleet has reserved three seconds ahead.
+    let busy = FlowRow {
+        rate: Some(80.0),
+        tat: Some(t0() + chrono::Duration::seconds(3)),
+        ..FlowRow::default()
+    };
+    let ten = Duration::from_secs(10);
+    let Next::Apply(ev) = client.before_call(&busy, false, ten, t0()) else {
+        panic!("a reservation first")
+    };
+    let step = c.apply(&busy, ev, t0(), &mut r);
+    let until = t0() + chrono::Duration::seconds(3);
+    assert_eq!(client.granted(step.grant, ten, t0()), Next::Wait { until });
+    // With a two-second wait the job is deferred instead.
+    let step = c.apply(&busy, ev, t0(), &mut r);
+    assert_eq!(
+        client.granted(step.grant, Duration::from_secs(2), t0()),
+        Next::Blocked {
+            until,
+            reason: DeferReason::Throttled
+        }
+    );
+    // After the wait the client reserves again: a slot now.
+    let Next::Apply(ev) = client.after_wait(&busy, Duration::from_secs(7), until) else {
+        panic!("a reservation after the wait")
+    };
+    let step = c.apply(&busy, ev, until, &mut r);
+    assert_eq!(
+        client.granted(step.grant, Duration::from_secs(7), until),
+        Next::CallAt { at: until }
+    );
+}
+
+#[test]
+fn asking_again_after_a_wait_does_not_draw_on_the_retry_budget_twice() {
+    let mut c = cfg().with_rate(RateConfig::fixed(80.0).unwrap());
+    c.retry_budget = Some(
+        crate::RetryBudgetBuilder::new()
+            .with_min_per_sec(0)
+            .with_retry_ratio(0.0),
+    );
+    let mut client = FlowClient::new(c, 1);
+    let row = FlowRow::default();
+    let wait = Duration::from_secs(10);
+    assert!(matches!(
+        client.before_call(&row, true, wait, t0()),
+        Next::Blocked {
+            reason: DeferReason::RetryBudget,
+            ..
+        }
+    ));
+    // The retry was admitted before its wait: asking again reserves, it is not refused.
+    assert!(matches!(
+        client.after_wait(&row, wait, t0()),
+        Next::Apply(FlowEvent::Reserve { .. })
+    ));
 }
