@@ -90,6 +90,10 @@ pub struct FlowClient {
     /// When this process last reported its share to a congestion epoch.
     last_share: Option<Timestamp>,
     budget: Option<RetryBudget>,
+    /// This process's window tripped and its opening is on its way to the row: until the
+    /// row says so ([`FlowClient::reported`]), calls are held here (until the cool-down's end
+    /// the window chose), and a row read before the write does not undo the trip.
+    opening: Option<Timestamp>,
 }
 
 impl FlowClient {
@@ -103,6 +107,7 @@ impl FlowClient {
             slots: VecDeque::new(),
             last_share: None,
             budget,
+            opening: None,
         }
     }
 
@@ -124,6 +129,13 @@ impl FlowClient {
     /// Keeps the local window in step with the fleet's state (an opening or a close by
     /// another process).
     fn observe(&mut self, row: &FlowRow, now: Timestamp) {
+        if self.opening.is_some() {
+            if row.mode == BreakerMode::Normal && row.state == BreakerState::Closed {
+                // Read before this process's opening was written: stale, keep the trip.
+                return;
+            }
+            self.opening = None;
+        }
         let state = match row.mode {
             BreakerMode::ForcedOpen => BreakerState::Open,
             BreakerMode::ForcedClosed => BreakerState::Closed,
@@ -141,13 +153,10 @@ impl FlowClient {
         max_wait: Duration,
         now: Timestamp,
     ) -> Next {
-        self.observe(row, now);
-        let check = self.config.check(row, now);
-        match check {
-            Check::Blocked { until, reason } => return Next::Blocked { until, reason },
-            Check::Probe => return Next::Apply(FlowEvent::TakeProbe),
-            Check::Go | Check::Limited => {}
-        }
+        let check = match self.look(row, now) {
+            Ok(c) => c,
+            Err(next) => return next,
+        };
         if let Some(b) = self.budget.as_mut() {
             if !retry {
                 b.deposit(now);
@@ -164,12 +173,26 @@ impl FlowClient {
     /// Asks again after a [`Next::Wait`], with what is left of the wait in process. Like
     /// [`FlowClient::before_call`], but the call was already counted against the retry budget.
     pub fn after_wait(&mut self, row: &FlowRow, max_wait: Duration, now: Timestamp) -> Next {
+        match self.look(row, now) {
+            Ok(check) => self.slot(check, max_wait, now),
+            Err(next) => next,
+        }
+    }
+
+    /// The row's verdict, and this process's own opening on its way to the row: `Ok` when a
+    /// call may go (now or at a send slot), else what to do instead.
+    fn look(&mut self, row: &FlowRow, now: Timestamp) -> Result<Check, Next> {
         self.observe(row, now);
-        let check = self.config.check(row, now);
-        match check {
-            Check::Blocked { until, reason } => Next::Blocked { until, reason },
-            Check::Probe => Next::Apply(FlowEvent::TakeProbe),
-            Check::Go | Check::Limited => self.slot(check, max_wait, now),
+        if let Some(until) = self.opening.filter(|u| *u > now) {
+            return Err(Next::Blocked {
+                until,
+                reason: DeferReason::BreakerOpen,
+            });
+        }
+        match self.config.check(row, now) {
+            Check::Blocked { until, reason } => Err(Next::Blocked { until, reason }),
+            Check::Probe => Err(Next::Apply(FlowEvent::TakeProbe)),
+            check => Ok(check),
         }
     }
 
@@ -263,11 +286,17 @@ impl FlowClient {
             return None;
         }
         let t = self.window.record_result(result, took, now)?;
-        (t.to == BreakerState::Open).then_some(FlowEvent::Opened { reason: t.reason })
+        if t.to != BreakerState::Open {
+            return None;
+        }
+        self.opening = Some(t.open_until.unwrap_or(now));
+        Some(FlowEvent::Opened { reason: t.reason })
     }
 
-    /// After a report was applied: the row as it is now.
+    /// After a report was applied: the row as it is now (the truth, whatever this process
+    /// reported).
     pub fn reported(&mut self, row: &FlowRow, now: Timestamp) {
+        self.opening = None;
         self.observe(row, now);
     }
 }

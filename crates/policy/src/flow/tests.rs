@@ -816,3 +816,59 @@ fn asking_again_after_a_wait_does_not_draw_on_the_retry_budget_twice() {
         Next::Apply(FlowEvent::Reserve { .. })
     ));
 }
+
+#[test]
+fn a_process_whose_window_tripped_calls_nothing_before_the_row_says_open() {
+    let c = cfg();
+    let mut client = FlowClient::new(c.clone(), 1);
+    let closed = FlowRow::default();
+    let fail = |client: &mut FlowClient, ms| {
+        client.after_call(
+            &closed,
+            false,
+            FailureClass::Infrastructure,
+            Duration::ZERO,
+            None,
+            at_ms(ms),
+        )
+    };
+    for ms in 0..3 {
+        assert_eq!(fail(&mut client, ms), None);
+    }
+    let Some(ev @ FlowEvent::Opened { .. }) = fail(&mut client, 3) else {
+        panic!("the fourth failure trips the window")
+    };
+    // Another task of the process asks with the row read before the opening was written:
+    // held until the cool-down's end, not let through.
+    let until = at_ms(3) + chrono::Duration::seconds(1);
+    let held = Next::Blocked {
+        until,
+        reason: DeferReason::BreakerOpen,
+    };
+    assert_eq!(client.before_call(&closed, false, AHEAD, at_ms(4)), held);
+    assert_eq!(client.after_wait(&closed, AHEAD, at_ms(4)), held);
+    // The opening is written; the row is the truth from then on.
+    let step = c.apply(&closed, ev, at_ms(5), &mut rng());
+    client.reported(&step.row, at_ms(5));
+    assert!(matches!(
+        client.before_call(&step.row, false, AHEAD, at_ms(6)),
+        Next::Blocked {
+            reason: DeferReason::BreakerOpen,
+            ..
+        }
+    ));
+    // Had the fleet refused the opening (forced closed, say), calls go on at once.
+    let mut client = FlowClient::new(c.clone(), 1);
+    for ms in 0..4 {
+        fail(&mut client, ms);
+    }
+    let forced = FlowRow {
+        mode: BreakerMode::ForcedClosed,
+        ..FlowRow::default()
+    };
+    client.reported(&forced, at_ms(5));
+    assert_eq!(
+        client.before_call(&forced, false, AHEAD, at_ms(6)),
+        Next::Call { probe: false }
+    );
+}
