@@ -2,7 +2,7 @@
 //! "low" arguments). Commands resolve them against the database and the
 //! policy registry themselves.
 //!
-//! The names, flags and defaults here are the CLI contract of DESIGN.md:
+//! The names, flags and defaults here are the CLI contract (docs/design.md, "Contracts"):
 //! extend them, never rename them.
 
 use std::path::PathBuf;

@@ -1,4 +1,4 @@
-//! The idempotency layer's edge-case suite (research/idempotency.md §10), run on the
+//! The idempotency layer's edge-case suite (T01–T29 in `idempotency_support/cases.rs`), run on the
 //! in-memory store, SQLite (a temp file) and PostgreSQL (a schema of its own per test).
 
 mod idempotency_support;

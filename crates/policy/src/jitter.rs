@@ -37,7 +37,7 @@ pub enum Jitter {
     /// Range `[min(base, cap), min(cap, max(base, 3·prev))]`. Ignores `d`: it grows from its own
     /// previous value, which the caller stores.
     Decorrelated,
-    /// `min(cap, d + U(0, f·d))`. Range `[d, min(cap, (1+f)·d)]`. The first seed's `f = 0.5`.
+    /// `min(cap, d + U(0, f·d))`. Range `[d, min(cap, (1+f)·d)]`. `classic` uses `f = 0.5`.
     /// Its mean wait is about 2.5× full jitter's for the same nominal delay; at the cap it has no
     /// spread left, so prefer `full` for large fleets.
     Proportional(f64),

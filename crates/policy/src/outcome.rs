@@ -67,7 +67,7 @@ impl Outcome {
     }
 }
 
-/// HTTP status → failure class, with DESIGN.md's defaults and per-status overrides.
+/// HTTP status → failure class, with the defaults below and per-status overrides.
 ///
 /// # Default
 /// - 2xx → success

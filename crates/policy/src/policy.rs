@@ -1,4 +1,4 @@
-//! Retry policies and the one decision function (DESIGN.md's decision table).
+//! Retry policies and the one decision function (the decision table in docs/design.md).
 //!
 //! # Why the decision is a pure function of stored counters
 //! A job's budgets (attempts, exceptions, defers, the window, the deadline)
@@ -201,7 +201,7 @@ impl RetryPolicy {
         self.deadline.map(|d| add(now, d))
     }
 
-    /// DESIGN.md's decision table: what to do after an attempt.
+    /// The decision table of docs/design.md: what to do after an attempt.
     ///
     /// `before` are the job's stored counters before this attempt; `now` is when the attempt
     /// ended; `rng` draws the jitter. The returned [`Verdict::counters`] are the counters to
@@ -575,7 +575,7 @@ impl RetryPolicy {
         }
     }
 
-    /// The `classic` preset, from the first seed: schedule 1s, 2s, 4s, 8s, 16s with
+    /// The `classic` preset: schedule 1s, 2s, 4s, 8s, 16s with
     /// `proportional(0.5)` jitter, cap 60 s, 5 tries, 3 exceptions; no window, no defer phase.
     pub fn classic() -> Self {
         let s = Duration::from_secs;

@@ -1,5 +1,5 @@
 //! An independent oracle for the jitter strategies: each strategy's formula is written here
-//! again from its documentation (`crates/policy/src/jitter.rs`, rule R3 of the design), as
+//! again from its documentation (`crates/policy/src/jitter.rs`, rule R3 of docs/design.md), as
 //! the distribution it promises — bounds, mean, the share that lands on the cap, the spread
 //! inside the range — and checked against many seeded draws of `Jitter::apply`. Nothing here
 //! calls `Jitter::range` or shares code with the implementation, so a formula implemented

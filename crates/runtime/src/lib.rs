@@ -2,7 +2,7 @@
 //! the policy's one decision function what to do with each outcome, and writes the attempt and
 //! the next state through one fenced store call *before* any wait.
 //!
-//! - **Retry or defer** (DESIGN.md decision table): a wait ≤ `in_process_max_wait` is slept
+//! - **Retry or defer** (decision table, docs/design.md): a wait ≤ `in_process_max_wait` is slept
 //!   by the same worker holding its lease (heartbeats continue); a longer one is a defer.
 //! - **401**: one `refresh_credentials` per process for every job that hit it at once, not an
 //!   attempt; the second 401 in a row is final. **Ambiguous timeout**: the `query_status` hook
@@ -11,7 +11,7 @@
 //!   `Retry-After` pauses are shared through the store; blocked jobs are deferred without an
 //!   attempt, and the claim query does not even pick them.
 //! - **Graceful shutdown**: [`Worker::run`] with a cancellation token.
-//! - **Metrics** under the names of DESIGN.md ([`metrics`]), a tracing span per attempt.
+//! - **Metrics** under stable names ([`metrics`]), a tracing span per attempt.
 //!
 //! ```
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {

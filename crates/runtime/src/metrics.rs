@@ -1,4 +1,4 @@
-//! The Prometheus metrics of DESIGN.md, recorded through the `metrics` facade. Install a
+//! redrive's Prometheus metrics (a contract), recorded through the `metrics` facade. Install a
 //! recorder (e.g. `metrics_exporter_prometheus`) to see them; without one they cost next to
 //! nothing.
 

@@ -1,4 +1,4 @@
-//! Every row of DESIGN.md's decision table, run through the real executor against a real
+//! Every row of the decision table in docs/design.md, run through the real executor against a real
 //! SQLite store, with tokio's paused clock (the worker's clock follows it), so that every
 //! delay is exact and no test waits in real time.
 //!

@@ -100,7 +100,7 @@ impl Strategy {
     }
 
     /// The seven shapes the `occ` sweep compares by default (the AWS post's five, plus
-    /// `constant` and the first seed's `proportional(0.5)`).
+    /// `constant` and the `classic` preset's `proportional(0.5)`).
     pub fn occ_defaults() -> Vec<Strategy> {
         [
             Shape::Immediate,

@@ -16,7 +16,7 @@ use super::store::IdempotencyStore;
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// Default heartbeat interval (a third of the lease).
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
-/// Default retention of a record (DESIGN.md: 24 h).
+/// Default retention of a record (24 h).
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 /// Default largest request body buffered (1 MiB).
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1024 * 1024;
@@ -110,7 +110,7 @@ pub enum RecoveryMode {
     /// A repeat after the lease takes over and runs the handler again, with
     /// [`IdempotencyCtx::is_resumed`](super::IdempotencyCtx::is_resumed) and the stored
     /// recovery point; only for handlers that resume from their recovery point and use
-    /// deterministic downstream keys (the spec's T14).
+    /// deterministic downstream keys (case T14 of the layer's test suite).
     Resume,
 }
 

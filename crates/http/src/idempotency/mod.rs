@@ -1,4 +1,4 @@
-//! Server-side idempotency (DESIGN.md R14): a tower layer for axum that stores each
+//! Server-side idempotency (rule R14 of docs/design.md): a tower layer for axum that stores each
 //! `Idempotency-Key` with a fingerprint of its request and the first response, and replays
 //! that response for a repeat instead of running the handler again.
 //!
@@ -17,7 +17,7 @@
 //! resume from their recovery point with deterministic downstream keys,
 //! [`RecoveryMode::Resume`].
 //!
-//! # Behaviour (research/idempotency.md §9)
+//! # Behaviour
 //! | situation | answer |
 //! |---|---|
 //! | key missing on a required route | 400 `key-missing` (+ `Link rel=describedby` if configured) |

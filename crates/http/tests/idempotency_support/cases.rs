@@ -1,4 +1,4 @@
-//! The edge-case list of research/idempotency.md §10, written once for every backend.
+//! The layer's edge cases, T01–T29, written once for every backend.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
