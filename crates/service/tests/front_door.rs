@@ -783,3 +783,32 @@ async fn finding_7_keep_alive_connections_close_after_the_idle_timeout() {
     s.stop().await;
     h.cleanup().await;
 }
+
+/// `/openapi.json` lists the front door's answers: 414, 421 and 431 on every operation, 403
+/// on writes, 415 on the API's writes.
+#[test]
+fn the_openapi_document_lists_the_front_door_answers() {
+    let doc = redrive_service::openapi_document(&redrive_policy::PolicySet::default());
+    let paths = doc["paths"].as_object().unwrap();
+    let mut writes = 0;
+    for (path, item) in paths {
+        for (method, op) in item.as_object().unwrap() {
+            let Some(responses) = op.get("responses").and_then(Value::as_object) else {
+                continue;
+            };
+            for code in ["414", "421", "431"] {
+                assert!(responses.contains_key(code), "{method} {path}: {code}");
+            }
+            let problem = &responses["421"]["content"]["application/problem+json"];
+            assert!(problem["schema"].is_object(), "{method} {path}");
+            if method == "post" {
+                writes += 1;
+                assert!(responses.contains_key("403"), "{method} {path}: 403");
+                assert!(responses.contains_key("415"), "{method} {path}: 415");
+            } else {
+                assert!(!responses.contains_key("415"), "{method} {path}: 415");
+            }
+        }
+    }
+    assert_eq!(writes, 3, "POST /v1/jobs, replay, cancel");
+}
