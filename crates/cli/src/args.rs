@@ -314,9 +314,36 @@ pub(crate) struct ServeArgs {
     /// Run this many workers in the same process (0: enqueue and show only).
     #[arg(long, default_value_t = 0)]
     pub(crate) workers: u32,
-    /// Bearer token every `/v1` call must carry.
+    /// Bearer token every `/v1` call (and `/metrics`) must carry. Prefer REDRIVE_API_TOKEN or
+    /// --token-file: a command line is visible to every user of the machine. Beyond loopback
+    /// it needs at least 16 characters.
     #[arg(long, env = "REDRIVE_API_TOKEN", hide_env_values = true)]
     pub(crate) token: Option<String>,
+    /// Read the token from the first line of this file (trimmed); not with --token or
+    /// REDRIVE_API_TOKEN.
+    #[arg(long = "token-file", value_name = "PATH")]
+    pub(crate) token_file: Option<PathBuf>,
+    /// A host name (with an optional port) the service answers as besides localhost,
+    /// 127.0.0.1 and [::1] (repeatable). Other `Host` headers get 421: always without a token,
+    /// and with one once any --public-host is given.
+    #[arg(long = "public-host", value_name = "HOST[:PORT]", value_parser = parse_public_host)]
+    pub(crate) public_hosts: Vec<String>,
+    /// Mark the dashboard's session cookie `Secure` (when served behind TLS).
+    #[arg(long = "cookie-secure")]
+    pub(crate) cookie_secure: bool,
+    /// Serve `/metrics` without the token.
+    #[arg(long = "metrics-public")]
+    pub(crate) metrics_public: bool,
+    /// Time allowed for a request's header (from the accept for a connection's first request).
+    #[arg(long = "header-timeout", default_value = "10s", value_parser = parse_positive_duration)]
+    pub(crate) header_timeout: Duration,
+    /// Close a keep-alive connection that moves no byte for this long between requests.
+    #[arg(long = "idle-timeout", default_value = "60s", value_parser = parse_positive_duration)]
+    pub(crate) idle_timeout: Duration,
+    /// Connections served at once; more wait to be accepted. Keep it under the descriptor
+    /// limit (`ulimit -n`).
+    #[arg(long = "max-connections", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub(crate) max_connections: u32,
     #[command(flatten)]
     pub(crate) egress: EgressArgs,
 }
@@ -532,6 +559,25 @@ pub(crate) struct BenchArgs {
 /// Parses `250ms`, `30s`, `5m`, `1h` into a [`Duration`].
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     redrive_policy::parse_duration(s).map_err(|e| e.to_string())
+}
+
+/// A duration above zero (e.g. `10s`).
+fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() {
+        return Err(format!("{s:?}: must be more than zero"));
+    }
+    Ok(d)
+}
+
+/// A `--public-host` value: `host[:port]`.
+fn parse_public_host(s: &str) -> Result<String, String> {
+    redrive_service::validate_public_host(s)
+        .map(|()| s.to_owned())
+        .map_err(|e| match e {
+            redrive_service::ServiceError::InvalidPublicHost { reason, .. } => reason.to_owned(),
+            other => other.to_string(),
+        })
 }
 
 fn parse_rfc3339(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {

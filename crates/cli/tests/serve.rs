@@ -82,12 +82,117 @@ fn serve_answers_health_api_and_metrics() {
         r#"{"queue": "cli", "kind": "noop"}"#,
     );
     assert_eq!(status, 201, "{res}");
+    // With a token, /metrics needs it too.
     let (status, res) = request(&addr, "GET", "/metrics", &[], "");
+    assert_eq!(status, 401, "{res}");
+    let (status, res) = request(&addr, "GET", "/metrics", &["Authorization: Bearer t0k"], "");
     assert_eq!(status, 200, "{res}");
     assert!(
         res.contains("redrive_jobs{queue=\"cli\",state=\"available\"} 1"),
         "{res}"
     );
+}
+
+/// `serve` with `extra` after `--addr 0.0.0.0:0`: refused before anything is bound.
+fn refused_beyond_loopback(extra: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_redrive"))
+        .args(["--db", "sqlite::memory:", "serve", "--addr", "0.0.0.0:0"])
+        .args(extra)
+        .env_remove("REDRIVE_API_TOKEN")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    err
+}
+
+#[test]
+fn serve_refuses_a_short_token_beyond_loopback() {
+    let err = refused_beyond_loopback(&["--token", "fifteen-chars-x"]);
+    assert!(
+        err.contains("with a token of 15 characters") && err.contains("at least 16"),
+        "{err}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    std::fs::write(&file, "short\n").unwrap();
+    let err = refused_beyond_loopback(&["--token-file", file.to_str().unwrap()]);
+    assert!(err.contains("with a token of 5 characters"), "{err}");
+    // The environment variable is held to the same rule.
+    let out = Command::new(env!("CARGO_BIN_EXE_redrive"))
+        .args(["--db", "sqlite::memory:", "serve", "--addr", "0.0.0.0:0"])
+        .env("REDRIVE_API_TOKEN", "short")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    // Loopback keeps accepting short tokens (tests, local use).
+    let db = format!("sqlite:{}", dir.path().join("q.db").display());
+    let (_server, addr) = start(&db, &["--token", "t0k"]);
+    assert_eq!(request(&addr, "GET", "/healthz", &[], "").0, 200);
+}
+
+#[test]
+fn serve_reads_the_token_from_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    std::fs::write(
+        &file,
+        "  token-from-a-file-0123456789  \nignored second line\n",
+    )
+    .unwrap();
+    let db = format!("sqlite:{}", dir.path().join("q.db").display());
+    let (_server, addr) = start(&db, &["--token-file", file.to_str().unwrap()]);
+    assert_eq!(request(&addr, "GET", "/v1/jobs", &[], "").0, 401);
+    let auth = "Authorization: Bearer token-from-a-file-0123456789";
+    let (status, res) = request(&addr, "GET", "/v1/jobs", &[auth], "");
+    assert_eq!(status, 200, "{res}");
+
+    // Bad files and doubled tokens are usage errors naming the flag.
+    let missing = dir.path().join("missing");
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, "\n  \n").unwrap();
+    for (args, want) in [
+        (
+            vec!["--token-file", missing.to_str().unwrap()],
+            "cannot read",
+        ),
+        (vec!["--token-file", empty.to_str().unwrap()], "is empty"),
+        (
+            vec!["--token-file", file.to_str().unwrap(), "--token", "x"],
+            "give the token once",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_redrive"))
+            .args(["--db", &db, "serve", "--addr", "127.0.0.1:0"])
+            .args(&args)
+            .env_remove("REDRIVE_API_TOKEN")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("--token-file") && err.contains(want), "{err}");
+    }
+}
+
+#[test]
+fn serve_checks_its_new_flags() {
+    for (args, want) in [
+        (vec!["--public-host", "https://r.example"], "--public-host"),
+        (vec!["--public-host", "r.example/x"], "--public-host"),
+        (vec!["--header-timeout", "0s"], "--header-timeout"),
+        (vec!["--idle-timeout", "soon"], "--idle-timeout"),
+        (vec!["--max-connections", "0"], "--max-connections"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_redrive"))
+            .args(["--db", "sqlite::memory:", "serve", "--addr", "127.0.0.1:0"])
+            .args(&args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
 }
 
 #[test]

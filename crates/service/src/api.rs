@@ -560,6 +560,67 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> Result<Response, A
         .into_response())
 }
 
+/// The answers of the front door ([`crate::guard`]), which every route can give: 414, 421 and
+/// 431 everywhere, 403 on writes, 415 on `POST /v1/jobs`.
+struct FrontDoorResponses;
+
+impl Modify for FrontDoorResponses {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+        let problem = |description: &str| {
+            ResponseBuilder::new()
+                .description(description)
+                .content(
+                    crate::error::PROBLEM_JSON,
+                    ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name("ProblemBody")))
+                        .build(),
+                )
+                .build()
+        };
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            let ops = [
+                (false, item.get.as_mut()),
+                (true, item.post.as_mut()),
+                (true, item.put.as_mut()),
+                (true, item.patch.as_mut()),
+                (true, item.delete.as_mut()),
+            ];
+            for (write, op) in ops {
+                let Some(op) = op else { continue };
+                let r = &mut op.responses.responses;
+                let mut add = |code: &str, description: &str| {
+                    r.entry(code.to_owned())
+                        .or_insert_with(|| problem(description).into());
+                };
+                add("414", "The request target is over 8 KiB (field `uri`)");
+                add(
+                    "421",
+                    "The Host is neither a loopback name nor a --public-host (checked without a \
+                     token, and with one when public hosts are configured)",
+                );
+                add(
+                    "431",
+                    "The header section is over 32 KiB or 100 fields (field `headers`)",
+                );
+                if write {
+                    add(
+                        "403",
+                        "Without a token: a cross-origin Origin header (field `Origin`)",
+                    );
+                    if path.starts_with("/v1/") {
+                        add(
+                            "415",
+                            "Without a token: a Content-Type other than application/json (or \
+                             none on POST /v1/jobs)",
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 struct BearerAuth;
 
 impl Modify for BearerAuth {
@@ -586,7 +647,7 @@ impl Modify for BearerAuth {
         EnqueueRequest, EnqueueResponse, JobView, AttemptView, JobPage, JobDetail, StateName,
         CountView, BreakerView, TransitionView, BreakersResponse, StatsResponse, Health, ProblemBody
     )),
-    modifiers(&BearerAuth),
+    modifiers(&BearerAuth, &FrontDoorResponses),
     security(("bearer" = [])),
     tags(
         (name = "jobs", description = "Enqueue, list, inspect, replay, cancel"),

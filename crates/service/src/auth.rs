@@ -1,7 +1,9 @@
-//! Bearer-token authentication for `/v1`, and the dashboard's session cookie.
+//! Bearer-token authentication for `/v1` and `/metrics`, and the dashboard's session cookie.
 //!
-//! Both compare SHA-256 digests with [`subtle::ConstantTimeEq`], so neither the content nor
-//! the length of the configured token leaks through timing.
+//! The token is compared as a SHA-256 digest with [`subtle::ConstantTimeEq`], so neither its
+//! content nor its length leaks through timing. A session cookie is a random id looked up by
+//! its digest in [`Sessions`](crate::session) (expiring, revoked on logout), never derived
+//! from the token.
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, header};
@@ -16,10 +18,12 @@ use crate::state::AppState;
 /// The dashboard's session cookie.
 pub const SESSION_COOKIE: &str = "redrive_session";
 
-/// A configured token, kept only as digests.
+/// The least number of characters of a token when serving beyond loopback.
+pub const MIN_PUBLIC_TOKEN_CHARS: usize = 16;
+
+/// A configured token, kept only as a digest.
 pub(crate) struct Token {
     digest: [u8; 32],
-    session: String,
 }
 
 fn sha(parts: &[&[u8]]) -> [u8; 32] {
@@ -28,10 +32,6 @@ fn sha(parts: &[&[u8]]) -> [u8; 32] {
         h.update(p);
     }
     h.finalize().into()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl Token {
@@ -48,23 +48,12 @@ impl Token {
         }
         Ok(Self {
             digest: sha(&[token.as_bytes()]),
-            session: hex(&sha(&[b"redrive dashboard session\0", token.as_bytes()])),
         })
     }
 
     /// Whether `given` is the token (constant time).
     pub(crate) fn matches(&self, given: &str) -> bool {
         bool::from(sha(&[given.as_bytes()]).ct_eq(&self.digest))
-    }
-
-    /// The session cookie value for this token (not the token itself).
-    pub(crate) fn session(&self) -> &str {
-        &self.session
-    }
-
-    /// Whether a cookie value is this token's session (constant time).
-    pub(crate) fn session_matches(&self, given: &str) -> bool {
-        bool::from(sha(&[given.as_bytes()]).ct_eq(&sha(&[self.session.as_bytes()])))
     }
 }
 
@@ -103,7 +92,8 @@ pub(crate) async fn require_bearer(
     }
 }
 
-/// Whether a dashboard request is signed in (no token configured: always).
+/// Whether a dashboard request is signed in: the bearer token or a live session (no token
+/// configured: always).
 pub(crate) fn dashboard_allowed(state: &AppState, headers: &HeaderMap) -> bool {
     let Some(token) = &state.inner.token else {
         return true;
@@ -113,7 +103,25 @@ pub(crate) fn dashboard_allowed(state: &AppState, headers: &HeaderMap) -> bool {
     {
         return true;
     }
-    cookie(headers, SESSION_COOKIE).is_some_and(|c| token.session_matches(c))
+    cookie(headers, SESSION_COOKIE).is_some_and(|c| state.inner.sessions.valid(c))
+}
+
+/// Route layer of `/metrics`: with a token (and without `--metrics-public`) the bearer token
+/// or a dashboard session is required; 401 problem+json otherwise.
+pub(crate) async fn require_metrics_auth(
+    State(state): State<AppState>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if state.inner.metrics_public || dashboard_allowed(&state, req.headers()) {
+        return next.run(req).await;
+    }
+    let detail = if bearer(req.headers()).is_some() {
+        "the bearer token is not valid"
+    } else {
+        "send Authorization: Bearer <token> (or serve with --metrics-public)"
+    };
+    ApiError::unauthorized(detail).into_response()
 }
 
 /// Middleware for the dashboard: signed-out requests are sent to the login form.

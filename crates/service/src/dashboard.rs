@@ -6,19 +6,23 @@
 //! by reason and error signature, replay or purge one, a selection or all), `/breakers`.
 //! Forms POST to the dashboard's own routes; every POST must come from this host (its
 //! `Origin`, else `Referer`), and with a token configured the dashboard needs a session cookie
-//! set by `/login` (HttpOnly, SameSite=Strict).
+//! set by `/login`: a random id, HttpOnly, SameSite=Strict, `Secure` with `--cookie-secure`,
+//! expiring after the session time to live and revoked by `/logout`. Failed logins are
+//! limited per client address (429 problem+json with `Retry-After`). Errors, results and
+//! reasons go through the shared redaction before they are shown.
 
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::Body;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{ConnectInfo, Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
+use axum::{Extension, Router};
 use chrono::{DateTime, Utc};
 use maud::{DOCTYPE, Markup, PreEscaped, html};
+use redrive_http::redact::{redact_text, redact_value};
 use redrive_store::{AttemptBucket, Job, JobId, JobState, QueueCount, Selection, Timestamp};
 
 use crate::api::{breaker_views, parse_id, parse_list, read_body, replay_one};
@@ -417,7 +421,7 @@ fn job_row(j: &Job, now: Timestamp) -> Markup {
             td { (state_badge(j.state.as_str())) }
             td.n { (j.attempts) "/" (j.max_attempts) }
             td { (when(Some(j.run_at), now)) }
-            td { (why) @if let Some(e) = &j.last_error { " " span.muted { (e.chars().take(120).collect::<String>()) } } }
+            td { (why) @if let Some(e) = &j.last_error { " " span.muted { (redact_text(e).chars().take(120).collect::<String>()) } } }
         }
     }
 }
@@ -520,11 +524,11 @@ async fn job(State(state): State<AppState>, Path(id): Path<String>) -> Result<Re
             tr { th { "Lease" } td { (j.lease_owner.as_deref().unwrap_or("—")) " · token " (j.lease_token) " · expires " (when(j.lease_expires_at, now)) } }
             tr { th { "Created" } td { (when(Some(j.created_at), now)) } }
             tr { th { "Finished" } td { (when(j.finished_at, now)) } }
-            tr { th { "Last error" } td { (j.last_error.as_deref().unwrap_or("—")) } }
+            tr { th { "Last error" } td { (j.last_error.as_deref().map_or_else(|| "—".to_owned(), redact_text)) } }
         } }
         h2 { "Payload" span.muted { " (secret headers redacted)" } }
         pre #payload { (pretty(&payload)) }
-        @if let Some(r) = &j.result { h2 { "Result" } pre { (pretty(r)) } }
+        @if let Some(r) = &j.result { h2 { "Result" } pre { (pretty(&redact_value(r))) } }
         h2 { "Attempts (" (attempts.len()) ")" }
         @if attempts.is_empty() { p.muted { "No attempt yet." } }
         @else {
@@ -540,7 +544,7 @@ async fn job(State(state): State<AppState>, Path(id): Path<String>) -> Result<Re
                         " · fencing token " (a.lease_token)
                         @if !a.counted { span.muted { " · not counted" } }
                         @if let Some(w) = &a.worker { span.muted { " · " (w) } }
-                        @if let Some(e) = &a.error { br; code { (e) } }
+                        @if let Some(e) = &a.error { br; code { (redact_text(e)) } }
                     }
                 }
             }
@@ -606,8 +610,8 @@ async fn dead(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Re
                 @for (gi, g) in groups.iter().enumerate() {
                     div.group data-reason=(g.reason) data-count=(g.count) {
                         h3 { (state_badge("dead")) " " (g.reason) " — " (g.count) " job" @if g.count != 1 { "s" } }
-                        p { "Error: " code.signature { (if g.signature.is_empty() { "(none)" } else { &g.signature }) } }
-                        @if let Some(e) = g.example.as_ref().filter(|e| **e != g.signature) { p.muted { "e.g. " (e) } }
+                        p { "Error: " code.signature { (if g.signature.is_empty() { "(none)".to_owned() } else { redact_text(&g.signature) }) } }
+                        @if let Some(e) = g.example.as_ref().filter(|e| **e != g.signature) { p.muted { "e.g. " (redact_text(e)) } }
                         p.muted { "Queues: " (g.queues.join(", ")) }
                         p {
                             label { input type="checkbox" data-group=(gi) onclick="var c=this.checked;var g=this.dataset.group;document.querySelectorAll('input[data-in=\"'+g+'\"]').forEach(function(x){x.checked=c;});"; " select group" }
@@ -781,7 +785,7 @@ async fn breakers(State(state): State<AppState>) -> Result<Response, Page> {
                             td { @match b.next_probe_at { Some(t) => { (relative(t, now)) }, None => { span.muted { "—" } } } }
                             td.n { (b.probe_permits) }
                             td.n.rate { @match b.rate_limit { Some(r) => { (format!("{r:.1}/s")) }, None => { span.muted { "none" } } } @if b.mode != "normal" { br; span.muted { (b.mode) } } }
-                            td { (when(b.paused_until, now)) @if let Some(r) = &b.pause_reason { br; span.muted { (r) } } }
+                            td { (when(b.paused_until, now)) @if let Some(r) = &b.pause_reason { br; span.muted { (redact_text(r)) } } }
                             td { (when(Some(b.updated_at), now)) }
                         }
                     }
@@ -793,7 +797,7 @@ async fn breakers(State(state): State<AppState>) -> Result<Response, Page> {
                     h3 { (b.name) }
                     ul {
                         @for t in &b.recent_transitions {
-                            li { (fmt_time(t.at)) " (" (relative(t.at, now)) "): " (state_badge(&t.from)) " → " (state_badge(&t.to)) " — " (t.reason) }
+                            li { (fmt_time(t.at)) " (" (relative(t.at, now)) "): " (state_badge(&t.from)) " → " (state_badge(&t.to)) " — " (redact_text(&t.reason)) }
                         }
                     }
                 }
@@ -803,9 +807,19 @@ async fn breakers(State(state): State<AppState>) -> Result<Response, Page> {
     Ok(html_response(layout("Breakers", true, body)))
 }
 
-fn safe_next(next: Option<&str>) -> String {
+/// Where to go after signing in: a path of this site, else `/`. It must start with one `/`
+/// (not `//`, which a browser reads as another host) and hold only visible ASCII, no
+/// backslash: browsers drop tabs and newlines and read `\` as `/`, so `/<TAB>/evil.com` and
+/// `/\evil.com` would leave the site, and CR/LF would split the `Location` header.
+pub(crate) fn safe_next(next: Option<&str>) -> String {
     match next {
-        Some(n) if n.starts_with('/') && !n.starts_with("//") && !n.contains('\\') => n.to_owned(),
+        Some(n)
+            if n.starts_with('/')
+                && !n.starts_with("//")
+                && n.bytes().all(|b| b.is_ascii_graphic() && b != b'\\') =>
+        {
+            n.to_owned()
+        }
         _ => "/".to_owned(),
     }
 }
@@ -821,7 +835,7 @@ fn login_page(next: &str, error: Option<&str>) -> Markup {
                 label { "API token " input type="password" name="token" autocomplete="current-password" autofocus; }
                 " " button.primary type="submit" { "Sign in" }
             }
-            p.muted { "The token is the one given to " code { "redrive serve --token" } " (or REDRIVE_API_TOKEN)." }
+            p.muted { "The token is the one given to " code { "redrive serve" } " (REDRIVE_API_TOKEN, --token-file or --token)." }
         },
     )
 }
@@ -837,27 +851,68 @@ async fn login_form(State(state): State<AppState>, RawQuery(q): RawQuery) -> Res
     html_response(login_page(&next, None))
 }
 
+/// 429 problem+json for a client over its failed logins.
+fn too_many_logins(retry_after: Duration) -> Response {
+    let secs = retry_after.as_secs().max(1);
+    let mut res = ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "too-many-logins",
+        "Too many failed logins",
+        format!(
+            "more than {} failed logins in a minute from this address; try again in {secs} s",
+            crate::session::LOGIN_FAILURES_PER_MINUTE
+        ),
+    )
+    .into_response();
+    res.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    res
+}
+
+/// The session cookie's attributes (`Secure` with `--cookie-secure`).
+fn cookie_attributes(state: &AppState) -> &'static str {
+    if state.inner.cookie_secure {
+        "Path=/; HttpOnly; SameSite=Strict; Secure"
+    } else {
+        "Path=/; HttpOnly; SameSite=Strict"
+    }
+}
+
 async fn login(
     State(state): State<AppState>,
+    peer: Option<Extension<ConnectInfo<std::net::SocketAddr>>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Page> {
     auth::same_origin(&headers)?;
+    let Some(token) = &state.inner.token else {
+        let pairs = form_pairs(body).await?;
+        let next = pairs
+            .iter()
+            .find(|(n, _)| n == "next")
+            .map(|(_, v)| v.as_str());
+        return Ok(Redirect::to(&safe_next(next)).into_response());
+    };
+    let ip = peer.map(|Extension(ConnectInfo(a))| a.ip());
+    if let Err(wait) = state.inner.logins.check(ip) {
+        return Ok(too_many_logins(wait));
+    }
     let pairs = form_pairs(body).await?;
     let get = |k: &str| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
     let next = safe_next(get("next"));
-    let Some(token) = &state.inner.token else {
-        return Ok(Redirect::to(&next).into_response());
-    };
     if !get("token").is_some_and(|t| token.matches(t)) {
+        state.inner.logins.failed(ip);
+        tracing::warn!(client = ?ip, "failed dashboard login");
         let mut res = html_response(login_page(&next, Some("That token is not valid.")));
         *res.status_mut() = StatusCode::UNAUTHORIZED;
         return Ok(res);
     }
+    let id = state.inner.sessions.create();
     let mut res = Redirect::to(&next).into_response();
     let cookie = format!(
-        "{SESSION_COOKIE}={}; Path=/; HttpOnly; SameSite=Strict",
-        token.session()
+        "{SESSION_COOKIE}={id}; {}; Max-Age={}",
+        cookie_attributes(&state),
+        state.inner.sessions.ttl().as_secs()
     );
     if let Ok(v) = HeaderValue::from_str(&cookie) {
         res.headers_mut().insert(header::SET_COOKIE, v);
@@ -865,12 +920,18 @@ async fn login(
     Ok(res)
 }
 
-async fn logout(headers: HeaderMap) -> Result<Response, Page> {
+async fn logout(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, Page> {
     auth::same_origin(&headers)?;
+    if let Some(id) = auth::cookie(&headers, SESSION_COOKIE) {
+        state.inner.sessions.revoke(id);
+    }
     let mut res = Redirect::to("/login").into_response();
-    res.headers_mut().insert(
-        header::SET_COOKIE,
-        HeaderValue::from_static("redrive_session=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0"),
+    let clear = format!(
+        "{SESSION_COOKIE}=; {}; Max-Age=0",
+        cookie_attributes(&state)
     );
+    if let Ok(v) = HeaderValue::from_str(&clear) {
+        res.headers_mut().insert(header::SET_COOKIE, v);
+    }
     Ok(res)
 }

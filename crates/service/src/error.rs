@@ -30,6 +30,33 @@ pub enum ServiceError {
         /// The address asked for.
         addr: SocketAddr,
     },
+    /// The listen address is not loopback and the token is shorter than
+    /// [`MIN_PUBLIC_TOKEN_CHARS`](crate::MIN_PUBLIC_TOKEN_CHARS).
+    #[error(
+        "refusing to listen on {addr} with a token of {chars} characters: beyond loopback the token needs at least {min} (e.g. `openssl rand -hex 32` in a --token-file)"
+    )]
+    TokenTooShort {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The token's length in characters.
+        chars: usize,
+        /// The least accepted.
+        min: usize,
+    },
+    /// A `--public-host` value is not a host with an optional port.
+    #[error("--public-host: {value:?}: {reason}")]
+    InvalidPublicHost {
+        /// The value given.
+        value: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A connection limit, timeout or the session time to live is zero.
+    #[error("{name} must be more than zero")]
+    InvalidLimit {
+        /// The setting.
+        name: &'static str,
+    },
     /// The token is empty or not visible ASCII.
     #[error("invalid token: {reason}")]
     InvalidToken {

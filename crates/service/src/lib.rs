@@ -1,9 +1,11 @@
 //! `redrive serve`: the HTTP API, the dashboard and the Prometheus metrics of a redrive store.
 //!
 //! [`app`] builds the axum [`Router`]; [`serve`] binds, prints `listening on http://ADDR` and
-//! serves until its shutdown future completes. Every `/v1` route needs `Authorization: Bearer`
-//! when a token is configured; errors are `application/problem+json` naming the bad `field`
-//! and `value`; `/openapi.json` documents every route.
+//! serves until its shutdown future completes. Every `/v1` route (and `/metrics`) needs
+//! `Authorization: Bearer` when a token is configured; without one, the [`guard`] refuses
+//! foreign hosts, cross-origin writes and non-JSON API writes. Connections are capped and
+//! timed out ([`conn`]). Errors are `application/problem+json` naming the bad `field` and
+//! `value`; `/openapi.json` documents every route.
 //!
 //! ```
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -24,16 +26,22 @@
 
 mod api;
 mod auth;
+pub mod conn;
 mod dashboard;
 mod error;
+pub mod guard;
 mod server;
+mod session;
 mod state;
 mod views;
 
 pub use api::{ApiDoc, MAX_DELAY, TRANSITIONS_PER_BREAKER, openapi_document};
-pub use auth::SESSION_COOKIE;
+pub use auth::{MIN_PUBLIC_TOKEN_CHARS, SESSION_COOKIE};
+pub use conn::{ConnLimits, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
 pub use error::{ApiError, PROBLEM_BASE, PROBLEM_JSON, ProblemBody, ServiceError};
-pub use server::{app, serve, serve_listener};
+pub use guard::validate_public_host;
+pub use server::{app, check_exposure, serve, serve_listener};
+pub use session::{DEFAULT_SESSION_TTL, LOGIN_FAILURES_PER_MINUTE};
 pub use state::{AppConfig, AppState, DEFAULT_ADDR, MAX_BODY_BYTES, ServiceConfig};
 pub use views::*;
 

@@ -10,12 +10,14 @@ use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
+use crate::auth::MIN_PUBLIC_TOKEN_CHARS;
 use crate::error::{ApiError, PROBLEM_JSON, ServiceError};
 use crate::state::{AppState, MAX_BODY_BYTES, ServiceConfig};
-use crate::{api, auth, dashboard};
+use crate::{api, auth, conn, dashboard, guard};
 
 /// The whole application: `/v1` (behind the bearer token, if one is configured), `/metrics`,
-/// `/healthz`, `/readyz`, `/openapi.json` and the dashboard.
+/// `/healthz`, `/readyz`, `/openapi.json` and the dashboard, all behind the front door
+/// ([`guard`](crate::guard): head limits, `Host`, `Origin`, JSON-only writes).
 pub fn app(state: AppState) -> Router {
     // On the handler, not the method router: the layer must not see other methods (405).
     let enqueue = post(api::create_job.layer(state.inner.idempotency.clone()));
@@ -28,18 +30,30 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/breakers", get(api::breakers))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
+            guard::json_writes,
+        ))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
             auth::require_bearer,
         ));
+    let metrics = get(api::metrics).route_layer(middleware::from_fn_with_state(
+        state.clone(),
+        auth::require_metrics_auth,
+    ));
     Router::new()
         .merge(v1)
         .merge(dashboard::routes(state.clone()))
-        .route("/metrics", get(api::metrics))
+        .route("/metrics", metrics)
         .route("/healthz", get(api::healthz))
         .route("/readyz", get(api::readyz))
         .route("/openapi.json", get(api::openapi))
         .fallback(not_found)
         .layer(middleware::map_response(problem_for_bare_errors))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            guard::front_door,
+        ))
         .with_state(state)
 }
 
@@ -88,20 +102,42 @@ fn is_loopback(addr: &std::net::SocketAddr) -> bool {
     addr.ip().is_loopback()
 }
 
+/// Whether `token` may guard a service on `addr`: beyond loopback a token is required, of at
+/// least [`MIN_PUBLIC_TOKEN_CHARS`] characters.
+///
+/// # Errors
+/// [`ServiceError::TokenRequired`], [`ServiceError::TokenTooShort`].
+pub fn check_exposure(
+    addr: &std::net::SocketAddr,
+    token: Option<&str>,
+) -> Result<(), ServiceError> {
+    if is_loopback(addr) {
+        return Ok(());
+    }
+    match token {
+        None => Err(ServiceError::TokenRequired { addr: *addr }),
+        Some(t) if t.chars().count() < MIN_PUBLIC_TOKEN_CHARS => Err(ServiceError::TokenTooShort {
+            addr: *addr,
+            chars: t.chars().count(),
+            min: MIN_PUBLIC_TOKEN_CHARS,
+        }),
+        Some(_) => Ok(()),
+    }
+}
+
 /// Binds `config.addr`, prints `listening on http://ADDR` (the bound address, so port 0 shows
 /// the port picked) and serves until `shutdown` completes, then finishes in-flight requests.
 ///
 /// # Errors
-/// [`ServiceError::TokenRequired`] for a non-loopback address without a token (nothing is
-/// bound); [`ServiceError::Bind`], [`ServiceError::Serve`], and the errors of
+/// [`ServiceError::TokenRequired`] for a non-loopback address without a token, and
+/// [`ServiceError::TokenTooShort`] with a token shorter than [`MIN_PUBLIC_TOKEN_CHARS`]
+/// (nothing is bound); [`ServiceError::Bind`], [`ServiceError::Serve`], and the errors of
 /// [`AppState::new`].
 pub async fn serve(
     config: ServiceConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServiceError> {
-    if config.app.token.is_none() && !is_loopback(&config.addr) {
-        return Err(ServiceError::TokenRequired { addr: config.addr });
-    }
+    check_exposure(&config.addr, config.app.token.as_deref())?;
     let state = AppState::new(config.store, config.app).await?;
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
@@ -114,10 +150,11 @@ pub async fn serve(
 
 /// Serves `state` on an already bound listener (tests bind 127.0.0.1:0 themselves), printing
 /// `listening on http://ADDR`, until `shutdown` completes; expired idempotency records are
-/// reaped meanwhile.
+/// reaped meanwhile. The connections are limited as the state's
+/// [`ConnLimits`](crate::ConnLimits) say (see [`conn`](crate::conn)).
 ///
 /// # Errors
-/// [`ServiceError::Serve`] when the listener fails.
+/// [`ServiceError::Serve`] when the listener's address cannot be read.
 pub async fn serve_listener(
     listener: tokio::net::TcpListener,
     state: AppState,
@@ -132,10 +169,9 @@ pub async fn serve_listener(
     );
     println!("listening on http://{local}");
     tracing::info!(%local, "redrive serve listening");
-    let served = axum::serve(listener, app(state))
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(ServiceError::Serve);
+    let limits = state.inner.connections;
+    let slots = state.inner.connection_slots.clone();
+    conn::serve(listener, app(state), limits, slots, shutdown).await;
     reaper.abort();
-    served
+    Ok(())
 }

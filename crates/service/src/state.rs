@@ -4,13 +4,19 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use std::time::Duration;
+
 use metrics_exporter_prometheus::PrometheusHandle;
 use redrive_http::idempotency::{self, IdempotencyLayer, IdempotencyStore};
 use redrive_policy::PolicySet;
-use redrive_store::Store;
+use redrive_store::{Clock, Store, SystemClock};
+use tokio::sync::Semaphore;
 
 use crate::auth::Token;
+use crate::conn::ConnLimits;
 use crate::error::ServiceError;
+use crate::guard::{FrontDoor, parse_public_host};
+use crate::session::{DEFAULT_SESSION_TTL, LoginLimiter, Sessions};
 
 /// The largest request body accepted (1 MiB); larger ones get 413.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -21,8 +27,10 @@ pub const DEFAULT_ADDR: &str = "127.0.0.1:8080";
 /// What the application needs besides the store.
 ///
 /// # Default
-/// No token, the built-in policy presets, no Prometheus handle (`/metrics` answers 404).
-#[derive(Clone, Default)]
+/// No token, the built-in policy presets, no Prometheus handle (`/metrics` answers 404), no
+/// public host (only loopback names), no `Secure` cookie, `/metrics` behind the token when
+/// there is one, 12-hour sessions, the default [`ConnLimits`], the system clock.
+#[derive(Clone)]
 pub struct AppConfig {
     /// The bearer token every `/v1` call (and the dashboard) must carry; `None`: open.
     pub token: Option<String>,
@@ -30,6 +38,35 @@ pub struct AppConfig {
     pub policies: PolicySet,
     /// The installed Prometheus recorder's handle, rendered at `/metrics`.
     pub prometheus: Option<PrometheusHandle>,
+    /// Host names (with an optional port) the service answers as besides loopback names
+    /// (`--public-host`); with a token, setting any turns the `Host` check on.
+    pub public_hosts: Vec<String>,
+    /// Mark the session cookie `Secure` (served behind TLS; `--cookie-secure`).
+    pub cookie_secure: bool,
+    /// Serve `/metrics` without the token (`--metrics-public`).
+    pub metrics_public: bool,
+    /// How long a dashboard session lasts.
+    pub session_ttl: Duration,
+    /// Connection limits of [`serve_listener`](crate::serve_listener).
+    pub connections: ConnLimits,
+    /// The clock of sessions and the login limit (`None`: the system clock).
+    pub clock: Option<Arc<dyn Clock>>,
+}
+
+impl Default for AppConfig {
+    fn default() -> Self {
+        Self {
+            token: None,
+            policies: PolicySet::default(),
+            prometheus: None,
+            public_hosts: Vec::new(),
+            cookie_secure: false,
+            metrics_public: false,
+            session_ttl: DEFAULT_SESSION_TTL,
+            connections: ConnLimits::default(),
+            clock: None,
+        }
+    }
 }
 
 impl fmt::Debug for AppConfig {
@@ -38,7 +75,12 @@ impl fmt::Debug for AppConfig {
             .field("token", &self.token.as_ref().map(|_| "[redacted]"))
             .field("policies", &self.policies.names().collect::<Vec<_>>())
             .field("prometheus", &self.prometheus.is_some())
-            .finish()
+            .field("public_hosts", &self.public_hosts)
+            .field("cookie_secure", &self.cookie_secure)
+            .field("metrics_public", &self.metrics_public)
+            .field("session_ttl", &self.session_ttl)
+            .field("connections", &self.connections)
+            .finish_non_exhaustive()
     }
 }
 
@@ -67,6 +109,14 @@ pub(crate) struct Inner {
     pub(crate) idempotency: IdempotencyLayer,
     /// Queues seen by `/metrics`, so a queue that empties reports zeros, not stale counts.
     pub(crate) seen_queues: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    pub(crate) front_door: FrontDoor,
+    pub(crate) sessions: Sessions,
+    pub(crate) logins: LoginLimiter,
+    pub(crate) cookie_secure: bool,
+    pub(crate) metrics_public: bool,
+    pub(crate) connections: ConnLimits,
+    /// One permit per connection being served.
+    pub(crate) connection_slots: Arc<Semaphore>,
 }
 
 impl fmt::Debug for AppState {
@@ -85,9 +135,28 @@ impl AppState {
     ///
     /// # Errors
     /// [`ServiceError::InvalidToken`] for an empty or non-ASCII token;
+    /// [`ServiceError::InvalidPublicHost`] for a public host that is not `host[:port]`;
+    /// [`ServiceError::InvalidLimit`] for a zero connection limit or timeout;
     /// [`ServiceError::Idempotency`] when the idempotency table cannot be created.
     pub async fn new(store: Store, config: AppConfig) -> Result<Self, ServiceError> {
         let token = config.token.as_deref().map(Token::new).transpose()?;
+        let public_hosts = config
+            .public_hosts
+            .iter()
+            .map(|h| parse_public_host(h))
+            .collect::<Result<Vec<_>, _>>()?;
+        let limits = config.connections;
+        for (name, zero) in [
+            ("header_timeout", limits.header_timeout.is_zero()),
+            ("idle_timeout", limits.idle_timeout.is_zero()),
+            ("max_connections", limits.max_connections == 0),
+            ("session_ttl", config.session_ttl.is_zero()),
+        ] {
+            if zero {
+                return Err(ServiceError::InvalidLimit { name });
+            }
+        }
+        let clock: Arc<dyn Clock> = config.clock.unwrap_or_else(|| Arc::new(SystemClock));
         let idem: Arc<dyn IdempotencyStore> = match &store {
             Store::Sqlite(s) => Arc::new(idempotency::SqliteStore::from_pool(s.pool().clone())),
             Store::Postgres(p) => Arc::new(idempotency::PostgresStore::from_pool(p.pool().clone())),
@@ -109,6 +178,15 @@ impl AppState {
                 prometheus: config.prometheus,
                 idempotency: layer,
                 seen_queues: Default::default(),
+                front_door: FrontDoor { public_hosts },
+                sessions: Sessions::new(config.session_ttl, clock.clone()),
+                logins: LoginLimiter::new(clock),
+                cookie_secure: config.cookie_secure,
+                metrics_public: config.metrics_public,
+                connections: limits,
+                connection_slots: Arc::new(Semaphore::new(
+                    limits.max_connections.min(Semaphore::MAX_PERMITS),
+                )),
             }),
         })
     }
@@ -116,5 +194,15 @@ impl AppState {
     /// The store.
     pub fn store(&self) -> &Store {
         &self.inner.store
+    }
+
+    /// Connections being served now by [`serve_listener`](crate::serve_listener) (at most
+    /// [`ConnLimits::max_connections`]).
+    pub fn open_connections(&self) -> usize {
+        self.inner
+            .connections
+            .max_connections
+            .min(Semaphore::MAX_PERMITS)
+            .saturating_sub(self.inner.connection_slots.available_permits())
     }
 }

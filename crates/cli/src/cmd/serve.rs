@@ -10,7 +10,7 @@ use metrics_exporter_prometheus::PrometheusBuilder;
 use redrive_http::HttpJob;
 use redrive_policy::StatusTable;
 use redrive_runtime::{Noop, Worker};
-use redrive_service::{AppConfig, ServiceConfig, ServiceError};
+use redrive_service::{AppConfig, ConnLimits, ServiceConfig, ServiceError};
 use tokio_util::sync::CancellationToken;
 
 use crate::args::{Global, ServeArgs};
@@ -25,10 +25,8 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
             a.addr
         ))
     })?;
-    let token = a.token.clone().filter(|t| !t.is_empty());
-    if token.is_none() && !addr.ip().is_loopback() {
-        return Err(usage(ServiceError::TokenRequired { addr }.to_string()));
-    }
+    let token = token(&a)?;
+    redrive_service::check_exposure(&addr, token.as_deref()).map_err(|e| usage(e.to_string()))?;
     let (set, egress) = policies::load_for_workers(global, &a.egress)?;
     let http = HttpJob::with_egress(StatusTable::default(), egress)?;
     block_on(async move {
@@ -56,6 +54,15 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
                 token,
                 policies: set,
                 prometheus: Some(prometheus),
+                public_hosts: a.public_hosts.clone(),
+                cookie_secure: a.cookie_secure,
+                metrics_public: a.metrics_public,
+                connections: ConnLimits {
+                    header_timeout: a.header_timeout,
+                    idle_timeout: a.idle_timeout,
+                    max_connections: a.max_connections as usize,
+                },
+                ..AppConfig::default()
             },
         };
         let s2 = stop.clone();
@@ -79,10 +86,37 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
         }
         match served {
             Ok(()) => Ok(ExitCode::SUCCESS),
-            Err(e @ (ServiceError::TokenRequired { .. } | ServiceError::InvalidToken { .. })) => {
-                Err(usage(e.to_string()))
-            }
+            Err(
+                e @ (ServiceError::TokenRequired { .. }
+                | ServiceError::TokenTooShort { .. }
+                | ServiceError::InvalidToken { .. }
+                | ServiceError::InvalidPublicHost { .. }
+                | ServiceError::InvalidLimit { .. }),
+            ) => Err(usage(e.to_string())),
             Err(e) => Err(e.into()),
         }
     })
+}
+
+/// The token: `--token` / `REDRIVE_API_TOKEN`, or the first line of `--token-file` (trimmed).
+fn token(a: &ServeArgs) -> anyhow::Result<Option<String>> {
+    let given = a.token.clone().filter(|t| !t.is_empty());
+    let Some(path) = &a.token_file else {
+        return Ok(given);
+    };
+    if given.is_some() {
+        return Err(usage(
+            "--token-file: give the token once, either --token-file, --token or REDRIVE_API_TOKEN",
+        ));
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| usage(format!("--token-file: cannot read {}: {e}", path.display())))?;
+    let first = text.lines().next().unwrap_or("").trim();
+    if first.is_empty() {
+        return Err(usage(format!(
+            "--token-file: the first line of {} is empty",
+            path.display()
+        )));
+    }
+    Ok(Some(first.to_owned()))
 }
