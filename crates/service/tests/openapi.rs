@@ -34,9 +34,9 @@ async fn without_a_token_no_operation_requires_one() {
         ("/v1/breakers", "get"),
     ] {
         let sec = security_of(&doc, path, method);
-        let needs_bearer = sec.and_then(Value::as_array).is_some_and(|alts| {
-            !alts.is_empty() && alts.iter().all(|a| a.get("bearer").is_some())
-        });
+        let needs_bearer = sec
+            .and_then(Value::as_array)
+            .is_some_and(|alts| !alts.is_empty() && alts.iter().all(|a| a.get("bearer").is_some()));
         assert!(!needs_bearer, "{method} {path} requires a token: {sec:?}");
     }
     // The scheme stays described, for the same service started with a token.
