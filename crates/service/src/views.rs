@@ -203,6 +203,10 @@ impl From<Attempt> for AttemptView {
 }
 
 /// The body of `POST /v1/jobs`: the fields of `redrive enqueue`.
+///
+/// The names' pattern is the store's rule: no control character, no bidi-override or
+/// zero-width character (the tag characters U+E0000..U+E007F, refused too, are left out: a
+/// pattern without the `u` flag cannot name them).
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EnqueueRequest {
@@ -210,14 +214,14 @@ pub struct EnqueueRequest {
     #[schema(
         min_length = 1,
         max_length = 255,
-        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]+$"
+        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F\\u00AD\\u061C\\u115F\\u1160\\u180E\\u200B-\\u200F\\u202A-\\u202E\\u2060-\\u2064\\u2066-\\u206F\\u3164\\uFEFF\\uFFA0\\uFFF9-\\uFFFB]+$"
     )]
     pub queue: String,
     /// Job kind (`http`, `noop`, or one of your own).
     #[schema(
         min_length = 1,
         max_length = 255,
-        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]+$"
+        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F\\u00AD\\u061C\\u115F\\u1160\\u180E\\u200B-\\u200F\\u202A-\\u202E\\u2060-\\u2064\\u2066-\\u206F\\u3164\\uFEFF\\uFFA0\\uFFF9-\\uFFFB]+$"
     )]
     pub kind: String,
     /// JSON payload (default `{}`); for `http`: `{method, url, headers?, body?, timeout_ms?}`.
@@ -227,7 +231,7 @@ pub struct EnqueueRequest {
     #[schema(
         min_length = 1,
         max_length = 255,
-        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]+$"
+        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F\\u00AD\\u061C\\u115F\\u1160\\u180E\\u200B-\\u200F\\u202A-\\u202E\\u2060-\\u2064\\u2066-\\u206F\\u3164\\uFEFF\\uFFA0\\uFFF9-\\uFFFB]+$"
     )]
     pub key: Option<String>,
     /// Run after this delay (`250ms`, `30s`, `5m`, `1h`; at most 365 days); not with `run_at`.
@@ -242,10 +246,11 @@ pub struct EnqueueRequest {
     #[schema(
         min_length = 1,
         max_length = 255,
-        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]+$"
+        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F\\u00AD\\u061C\\u115F\\u1160\\u180E\\u200B-\\u200F\\u202A-\\u202E\\u2060-\\u2064\\u2066-\\u206F\\u3164\\uFEFF\\uFFA0\\uFFF9-\\uFFFB]+$"
     )]
     pub dependency: Option<String>,
-    /// Priority: lower runs first (default 0).
+    /// Priority: lower runs first (default 0), -1000000..=1000000.
+    #[schema(minimum = -1_000_000, maximum = 1_000_000)]
     pub priority: Option<i32>,
     /// Attempts allowed (default: the policy's), 1..=10000.
     #[schema(minimum = 1, maximum = 10000)]
