@@ -68,6 +68,30 @@ pub(crate) fn check_batch(field: &'static str, n: usize) -> Result<()> {
     Ok(())
 }
 
+/// Whether a connection going back to its pool may be reused (`after_release`): not when it
+/// is still counted as inside a transaction. That happens when a commit fails and the
+/// database has already ended the transaction itself (SQLite does on a disk I/O error), so
+/// the rollback that follows fails too: reused, the connection would refuse every later
+/// transaction ("begin_with at non-zero transaction depth" on the single SQLite writer, until
+/// a restart). Such a connection is closed, which ends any transaction still open, and the
+/// pool opens a fresh one. The ping first lets a rollback queued by a dropped transaction run.
+///
+/// Every pool of the store uses it; give it to pools of your own on the same database:
+/// `SqlitePoolOptions::new().after_release(|c, _| Box::pin(release_if_clean(c)))`.
+///
+/// # Errors
+/// The ping's: the connection is broken (the pool then closes it).
+pub async fn release_if_clean<C: sqlx::Connection>(
+    conn: &mut C,
+) -> std::result::Result<bool, sqlx::Error> {
+    conn.ping().await?;
+    if conn.is_in_transaction() {
+        tracing::warn!("a database connection was left inside a failed transaction: closing it");
+        return Ok(false);
+    }
+    Ok(true)
+}
+
 /// The queue: one of the two backends behind one API.
 #[derive(Debug, Clone)]
 pub enum Store {

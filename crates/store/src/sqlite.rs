@@ -42,11 +42,13 @@ impl SqliteStore {
         let pool = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(1)
+            .after_release(|conn, _| Box::pin(crate::release_if_clean(conn)))
             .connect_with(opts.clone())
             .await?;
         let store = Self {
             read: SqlitePoolOptions::new()
                 .max_connections(4)
+                .after_release(|conn, _| Box::pin(crate::release_if_clean(conn)))
                 .connect_lazy_with(opts.read_only(false)),
             pool,
             sql: Arc::new(Sql::new(Dialect::Sqlite)),

@@ -113,7 +113,9 @@ impl PostgresStore {
     /// [`StoreError::Database`] when the server cannot be reached.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         first_connection(url).await?;
-        let pool = PgPool::connect(url)
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .after_release(|conn, _| Box::pin(redrive_store::release_if_clean(conn)))
+            .connect(url)
             .await
             .map_err(StoreError::db("connect"))?;
         Ok(Self { pool })
@@ -158,6 +160,7 @@ impl PostgresStore {
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(10))
+            .after_release(|conn, _| Box::pin(redrive_store::release_if_clean(conn)))
             .after_connect(move |conn, _meta| {
                 let set = set.clone();
                 Box::pin(async move {

@@ -177,6 +177,7 @@ impl SqliteStore {
             .busy_timeout(Duration::from_secs(5));
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
+            .after_release(|conn, _| Box::pin(redrive_store::release_if_clean(conn)))
             .connect_with(options)
             .await
             .map_err(StoreError::db("connect"))?;
