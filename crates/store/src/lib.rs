@@ -144,20 +144,65 @@ impl Store {
 
     /// Enqueues one job. A repeat with the same queue and key returns the existing job with
     /// `created: false`, also under concurrent enqueues (the unique index decides).
+    ///
+    /// On SQLite the result is returned only if the database file is still the one opened
+    /// once the job is committed ([`Store::check_file`]): a job written to a deleted or
+    /// replaced file would be gone at the next start, so it is not acknowledged
+    /// ([`StoreError::FileChanged`]).
     pub async fn enqueue(&self, job: &NewJob, now: Timestamp) -> Result<Enqueued> {
         let out = dispatch!(self, s => {
             let mut conn = s.pool.acquire().await?;
             s.enqueue_in(&mut conn, job, now).await?
         });
+        self.check_file()?;
         if out.created {
             dispatch!(self, s => s.wake());
         }
         Ok(out)
     }
 
-    /// Enqueues many jobs in one transaction; results in input order.
+    /// Enqueues many jobs in one transaction; results in input order. On SQLite, as
+    /// [`Store::enqueue`], only acknowledged while the file is the one opened.
     pub async fn enqueue_many(&self, jobs: &[NewJob], now: Timestamp) -> Result<Vec<Enqueued>> {
-        dispatch!(self, s => s.enqueue_many_impl(jobs, now).await)
+        let out = dispatch!(self, s => s.enqueue_many_impl(jobs, now).await)?;
+        self.check_file()?;
+        Ok(out)
+    }
+
+    /// `Ok` while the store's database is the one it opened: on SQLite, the file at the path
+    /// opened still has the device and inode it had (on other systems: still exists); always
+    /// `Ok` on PostgreSQL and for an in-memory database. A stat, cheap enough for every
+    /// acknowledgement.
+    ///
+    /// # Errors
+    /// [`StoreError::FileChanged`] naming the path and what happened to it.
+    pub fn check_file(&self) -> Result<()> {
+        match self {
+            Store::Sqlite(s) => s.check_file(),
+            Store::Postgres(_) => Ok(()),
+        }
+    }
+
+    /// A real write, for readiness checks: upserts the row `name` of the probe table (its time
+    /// and a count of probes, so that every probe changes it) and commits it (on SQLite after checking the file, [`Store::check_file`]). Fails while the
+    /// database cannot take writes (a full or failing disk, a read-only file, PostgreSQL down
+    /// or read-only), not only when it cannot be read.
+    ///
+    /// # Errors
+    /// [`StoreError::FileChanged`], or the database's error.
+    pub async fn check_writable(&self, name: &str, now: Timestamp) -> Result<()> {
+        self.check_file()?;
+        const UPSERT: &str = "INSERT INTO redrive_probe (name, checked_at) VALUES ($1, $2) \
+            ON CONFLICT (name) DO UPDATE SET checked_at = excluded.checked_at, \
+            writes = redrive_probe.writes + 1";
+        dispatch!(self, s => {
+            sqlx::query(UPSERT)
+                .bind(name)
+                .bind(model::millis(now))
+                .execute(&s.pool)
+                .await?;
+        });
+        Ok(())
     }
 
     /// One job.

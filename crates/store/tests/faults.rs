@@ -20,7 +20,12 @@ async fn a_failing_disk_fails_writes_only_while_it_fails() {
         .enqueue(&NewJob::new("q", "noop", json!({})), now)
         .await
         .unwrap();
+    store.check_writable("t", now).await.unwrap();
     let fault = redrive_testkit::DiskFault::engage();
+    // Reads still answer: a read-only readiness check would call this store ready.
+    store.get(1).await.unwrap();
+    let e = store.check_writable("t", now).await.unwrap_err();
+    eprintln!("write check while the disk fails: {e}");
     for i in 0..3 {
         let e = store
             .enqueue_many(
@@ -32,6 +37,7 @@ async fn a_failing_disk_fails_writes_only_while_it_fails() {
         eprintln!("while the disk fails: {e}");
     }
     fault.lift();
+    store.check_writable("t", now).await.unwrap();
     for i in 0..3 {
         let r = store
             .enqueue_many(
