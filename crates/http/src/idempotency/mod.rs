@@ -82,8 +82,8 @@ pub use key::{
 pub use layer::{IdempotencyCtx, IdempotencyLayer, IdempotencyService};
 pub use reaper::{DEFAULT_REAP_BATCH, DEFAULT_REAP_INTERVAL, reap_expired, spawn_reaper};
 pub use store::{
-    Acquired, ClaimOutcome, ClaimRequest, Clock, IdempotencyStore, LockToken, MIN_SQLITE_VERSION,
-    ManualClock, MemoryStore, PostgresStore, RECOVERY_POINT_FINISHED, RECOVERY_POINT_STARTED,
-    ReapReport, RecordId, RecordInfo, RecordState, Recovery, SqliteStore, StoreFuture,
-    StoredResponse, SystemClock, TABLE,
+    Acquired, ClaimOutcome, ClaimRequest, Clock, IdempotencyStore, ListFilter, ListRequest,
+    ListedRecord, LockToken, MAX_LIST, MIN_SQLITE_VERSION, ManualClock, MemoryStore, PostgresStore,
+    RECOVERY_POINT_FINISHED, RECOVERY_POINT_STARTED, ReapReport, RecordId, RecordInfo, RecordState,
+    Recovery, SqliteStore, StoreFuture, StoredResponse, SystemClock, TABLE,
 };
