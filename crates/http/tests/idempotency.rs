@@ -63,6 +63,7 @@ macro_rules! all_cases {
                 t29_schema_is_idempotent,
                 store_5xx_opt_in,
                 t30_list_filters_pages_and_recovery,
+                t31_release_stuck,
             ]
         );
     };

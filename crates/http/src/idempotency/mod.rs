@@ -85,5 +85,6 @@ pub use store::{
     Acquired, ClaimOutcome, ClaimRequest, Clock, IdempotencyStore, ListFilter, ListRequest,
     ListedRecord, LockToken, MAX_LIST, MIN_SQLITE_VERSION, ManualClock, MemoryStore, PostgresStore,
     RECOVERY_POINT_FINISHED, RECOVERY_POINT_STARTED, ReapReport, RecordId, RecordInfo, RecordState,
-    Recovery, SqliteStore, StoreFuture, StoredResponse, SystemClock, TABLE,
+    Recovery, ReleaseOutcome, SqliteStore, StoreFuture, StoredResponse, SystemClock, TABLE,
+    release_stuck,
 };

@@ -1006,3 +1006,51 @@ pub async fn t30_list_filters_pages_and_recovery(b: &Backend) {
         "released, still without a response"
     );
 }
+
+/// The operator's release of a stuck key: refused for a missing, completed or running key;
+/// a stuck one is released and its next request runs again.
+pub async fn t31_release_stuck(b: &Backend) {
+    use redrive_http::idempotency::{ReleaseOutcome, release_stuck};
+    let store = b.store();
+    assert_eq!(
+        release_stuck(&*store, "default", "k-t31-none")
+            .await
+            .unwrap(),
+        ReleaseOutcome::NotFound
+    );
+    let (app, c) = app(short(b.store()).build().unwrap());
+    send(&app, post_req(Some("k-t31-done"), BODY)).await;
+    assert_eq!(
+        release_stuck(&*store, "default", "k-t31-done")
+            .await
+            .unwrap(),
+        ReleaseOutcome::Completed
+    );
+    let crashed = crash_after_effect(b.reopen().await, "k-t31-stuck", false).await;
+    assert_eq!(crashed.effects(), 1);
+    assert_eq!(
+        release_stuck(&*store, "default", "k-t31-stuck")
+            .await
+            .unwrap(),
+        ReleaseOutcome::Running,
+        "its lease is still live"
+    );
+    b.wait(SHORT_LEASE + Duration::from_millis(200)).await;
+    send(&app, post_req(Some("k-t31-stuck"), BODY))
+        .await
+        .assert_problem(409, "recovery-required");
+    match release_stuck(&*store, "default", "k-t31-stuck")
+        .await
+        .unwrap()
+    {
+        ReleaseOutcome::Released(info) => {
+            assert!(!info.held && !info.locked);
+            assert_eq!(info.state, RecordState::InProgress);
+        }
+        other => panic!("expected a release, got {other:?}"),
+    }
+    let started = c.started();
+    let again = send(&app, post_req(Some("k-t31-stuck"), BODY)).await;
+    assert_eq!(again.status, StatusCode::CREATED);
+    assert_eq!(c.started(), started + 1, "the released key runs again");
+}

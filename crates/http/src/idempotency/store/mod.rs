@@ -371,6 +371,52 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
     fn list<'a>(&'a self, request: &'a ListRequest) -> StoreFuture<'a, Vec<ListedRecord>>;
 }
 
+/// What [`release_stuck`] found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReleaseOutcome {
+    /// Released (or already without a holder): the next request with the key runs again.
+    /// The record as it is now.
+    Released(RecordInfo),
+    /// No record has this key.
+    NotFound,
+    /// A response is stored: nothing to recover (a repeat gets the replay).
+    Completed,
+    /// A holder's lease is live: the first request is still running.
+    Running,
+}
+
+/// The operator's recovery of a stuck key (`redrive idempotency recover`): releases the record
+/// of `(scope, key)` unless it completed or its holder's lease is live, so that the next
+/// request with the key runs again (it sees the stored recovery point). Only for routes whose
+/// handler may run twice (the job store's enqueue, idempotent by job key) or after the first
+/// run's effect was reconciled.
+///
+/// # Errors
+/// The store's.
+pub async fn release_stuck(
+    store: &dyn IdempotencyStore,
+    scope: &str,
+    key: &str,
+) -> Result<ReleaseOutcome, StoreError> {
+    let judge = |info: Option<RecordInfo>| match info {
+        None => Err(ReleaseOutcome::NotFound),
+        Some(i) if i.state == RecordState::Completed => Err(ReleaseOutcome::Completed),
+        Some(i) if i.locked => Err(ReleaseOutcome::Running),
+        Some(i) => Ok(i),
+    };
+    if let Err(outcome) = judge(store.get(scope, key).await?) {
+        return Ok(outcome);
+    }
+    let released = store.recover(scope, key, &Recovery::Release).await?;
+    // Read again: what the record is now (or, if another request took it meanwhile, why not).
+    match judge(store.get(scope, key).await?) {
+        Ok(info) if released => Ok(ReleaseOutcome::Released(info)),
+        Ok(_) => Ok(ReleaseOutcome::Running),
+        Err(outcome) => Ok(outcome),
+    }
+}
+
 /// Wall-clock time for the in-memory store (the SQL stores use the database clock).
 pub trait Clock: Send + Sync + fmt::Debug + 'static {
     /// Now.
