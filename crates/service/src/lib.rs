@@ -26,6 +26,7 @@ mod api;
 mod auth;
 mod dashboard;
 mod error;
+mod idempotency;
 mod server;
 mod state;
 mod views;
@@ -33,8 +34,12 @@ mod views;
 pub use api::{ApiDoc, MAX_DELAY, TRANSITIONS_PER_BREAKER, openapi_document};
 pub use auth::SESSION_COOKIE;
 pub use error::{ApiError, PROBLEM_BASE, PROBLEM_JSON, ProblemBody, ServiceError};
+pub use idempotency::{IdempotencyPage, IdempotencyRecordView};
 pub use server::{app, serve, serve_listener};
-pub use state::{AppConfig, AppState, DEFAULT_ADDR, MAX_BODY_BYTES, ServiceConfig};
+pub use state::{
+    AppConfig, AppState, DEFAULT_ADDR, DEFAULT_IDEMPOTENCY_RECOVERY_WINDOW, IDEMPOTENCY_SCOPE,
+    MAX_BODY_BYTES, MIN_IDEMPOTENCY_RECOVERY_WINDOW, ReadyCheck, ServiceConfig,
+};
 pub use views::*;
 
 pub use axum::Router;

@@ -304,6 +304,7 @@ pub(crate) fn run(_global: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
                     token: None,
                     policies: set,
                     prometheus: None,
+                    ..Default::default()
                 },
             };
             eprintln!("dashboard: the demo's queue stays up until Ctrl-C");
