@@ -176,7 +176,7 @@ impl DiskFault {
 #[cfg(unix)]
 impl Drop for DiskFault {
     fn drop(&mut self) {
-        let _ = rustix::process::setrlimit(rustix::process::Resource::Fsize, self.before.clone());
+        let _ = rustix::process::setrlimit(rustix::process::Resource::Fsize, self.before);
     }
 }
 

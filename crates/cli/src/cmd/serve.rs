@@ -76,7 +76,6 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
                 prometheus: Some(prometheus),
                 idempotency_recovery_window: Some(a.idempotency_recovery_window),
                 ready_checks,
-                ..Default::default()
             },
         };
         let s2 = stop.clone();

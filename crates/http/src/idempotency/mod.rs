@@ -14,8 +14,10 @@
 //! out; by default ([`RecoveryMode::Explicit`]) a repeat then gets 409 `recovery-required`
 //! and is **not** run, because a second run could charge twice. Recovery is an explicit call
 //! ([`IdempotencyStore::recover`]) after reconciling with the PSP, or, for handlers built to
-//! resume from their recovery point with deterministic downstream keys,
-//! [`RecoveryMode::Resume`].
+//! resume from their recovery point with deterministic downstream keys (or whose handler is
+//! idempotent anyway, as the job store's enqueue is by job key), [`RecoveryMode::Resume`].
+//! [`IdempotencyStore::list`] with [`ListFilter::Stuck`] finds abandoned records, and
+//! [`release_stuck`] releases one so that its next request runs again.
 //!
 //! # Behaviour (research/idempotency.md §9)
 //! | situation | answer |
