@@ -105,6 +105,61 @@ pub(crate) enum Command {
     Demo(DemoArgs),
     /// Benchmark the store: bulk enqueue, then drain noop jobs.
     Bench(BenchArgs),
+    /// The `Idempotency-Key`s of `POST /v1/jobs`: list, recover stuck ones.
+    #[command(subcommand)]
+    Idempotency(IdempotencyCommand),
+}
+
+/// `redrive idempotency ...`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum IdempotencyCommand {
+    /// List keys by id (`--stuck`: those whose request vanished before answering).
+    List(IdempotencyListArgs),
+    /// Release stuck keys, so that the next request with each enqueues again (and finds its
+    /// job by the key if the vanished request made it). Keys that completed or whose request
+    /// still runs are skipped (exit 1).
+    Recover(IdempotencyRecoverArgs),
+}
+
+/// `redrive idempotency list`.
+#[derive(Debug, Args)]
+pub(crate) struct IdempotencyListArgs {
+    /// Only stuck keys (short for `--state stuck`).
+    #[arg(long, conflicts_with = "state")]
+    pub(crate) stuck: bool,
+    /// Only keys in this state: all, in_progress, stuck, completed.
+    #[arg(long)]
+    pub(crate) state: Option<String>,
+    /// At most this many keys.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub(crate) limit: u32,
+    /// Only keys after this record id (keyset pagination).
+    #[arg(long)]
+    pub(crate) after: Option<i64>,
+    /// The scope of the keys (`redrive serve` uses `default`).
+    #[arg(long, default_value = "default")]
+    pub(crate) scope: String,
+    /// Print one JSON document.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `redrive idempotency recover`.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["keys", "all_stuck"])))]
+pub(crate) struct IdempotencyRecoverArgs {
+    /// The keys.
+    #[arg(value_name = "KEY")]
+    pub(crate) keys: Vec<String>,
+    /// Every stuck key (of `--scope`).
+    #[arg(long = "all-stuck")]
+    pub(crate) all_stuck: bool,
+    /// The scope of the keys (`redrive serve` uses `default`).
+    #[arg(long, default_value = "default")]
+    pub(crate) scope: String,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 /// `--json` alone.
@@ -346,6 +401,29 @@ pub(crate) struct ServeArgs {
     pub(crate) max_connections: u32,
     #[command(flatten)]
     pub(crate) egress: EgressArgs,
+    /// How long an `Idempotency-Key` of `POST /v1/jobs` stays claimed by a request whose
+    /// process vanished (killed, crashed) before a repeat takes it over and enqueues again
+    /// (at least 100ms; a live request renews its claim every third of it).
+    #[arg(
+        long = "idempotency-recovery-window",
+        default_value = "30s",
+        value_parser = parse_recovery_window
+    )]
+    pub(crate) idempotency_recovery_window: Duration,
+}
+
+fn parse_recovery_window(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    let min = redrive_service::MIN_IDEMPOTENCY_RECOVERY_WINDOW;
+    if d < min {
+        return Err(format!("{s:?} is shorter than the minimum {min:?}"));
+    }
+    if d >= Duration::from_secs(24 * 60 * 60) {
+        return Err(format!(
+            "{s:?} must be shorter than the 24h the keys are kept"
+        ));
+    }
+    Ok(d)
 }
 
 /// `redrive psp-sim`.

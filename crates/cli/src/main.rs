@@ -111,5 +111,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::PspSim(args) => cmd::psp_sim::run(&global, args),
         Command::Demo(a) => cmd::demo::run(&global, a),
         Command::Serve(a) => cmd::serve::run(&global, a),
+        Command::Idempotency(c) => cmd::idempotency::run(&global, c),
     }
 }

@@ -223,6 +223,9 @@ fn serve_with_workers_runs_the_jobs_it_accepts_and_exports_their_metrics() {
     let dir = tempfile::tempdir().unwrap();
     let db = format!("sqlite:{}", dir.path().join("q.db").display());
     let (_server, addr) = start(&db, &["--workers", "2"]);
+    // Ready: the store takes writes and the worker pool runs.
+    let (status, res) = request(&addr, "GET", "/readyz", &[], "");
+    assert_eq!(status, 200, "{res}");
     let (status, res) = request(
         &addr,
         "POST",

@@ -62,6 +62,8 @@ macro_rules! all_cases {
                 t28_canonical_json,
                 t29_schema_is_idempotent,
                 store_5xx_opt_in,
+                t30_list_filters_pages_and_recovery,
+                t31_release_stuck,
             ]
         );
     };

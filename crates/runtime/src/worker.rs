@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -40,6 +40,10 @@ pub struct Summary {
     pub lease_lost: u64,
     /// Attempts made (calls to handlers).
     pub attempts: u64,
+    /// Claims whose task failed (a store error that outlasted the lease, a panic in redrive's
+    /// own code): logged with the job id and left to their lease, so they are rescued and run
+    /// again. The pool goes on.
+    pub failed: u64,
 }
 
 impl Summary {
@@ -51,11 +55,12 @@ impl Summary {
         self.released += o.released;
         self.lease_lost += o.lease_lost;
         self.attempts += o.attempts;
+        self.failed += o.failed;
     }
 
-    /// Claims that ended (succeeded, dead, deferred, released or lost).
+    /// Claims that ended (succeeded, dead, deferred, released, lost or failed).
     pub fn finished(&self) -> u64 {
-        self.succeeded + self.dead + self.deferred + self.released + self.lease_lost
+        self.succeeded + self.dead + self.deferred + self.released + self.lease_lost + self.failed
     }
 }
 
@@ -233,6 +238,7 @@ impl WorkerBuilder {
                 db,
                 fleet,
                 auth,
+                health: PoolHealth::default(),
             }),
         }
     }
@@ -244,6 +250,86 @@ struct Inner {
     db: Db,
     fleet: Fleet,
     auth: HashMap<String, Arc<AuthGate>>,
+    health: PoolHealth,
+}
+
+/// Whether a worker's pool is running, for readiness checks (`redrive serve --workers N`
+/// answers `/readyz` 503 when it is not). Cheap to clone; every clone sees the same pool.
+///
+/// The pool counts as running from the start of [`Worker::run`] (or
+/// [`Worker::run_until_idle`]) until that call returns, panics or is dropped. While it runs it
+/// also counts the claims that failed in a row because the store failed, so a readiness check
+/// can tell a pool that waits out a store outage from one that works.
+#[derive(Debug, Clone, Default)]
+pub struct PoolHealth {
+    inner: Arc<HealthInner>,
+}
+
+#[derive(Debug, Default)]
+struct HealthInner {
+    runs: AtomicUsize,
+    claim_failures: AtomicU64,
+    failed_tasks: AtomicU64,
+}
+
+impl PoolHealth {
+    /// Whether the pool is running (a run of the worker is in progress).
+    pub fn is_running(&self) -> bool {
+        self.inner.runs.load(Ordering::SeqCst) > 0
+    }
+
+    /// Claims that failed in a row because the store failed (0 after a claim that worked).
+    pub fn claim_failures(&self) -> u64 {
+        self.inner.claim_failures.load(Ordering::SeqCst)
+    }
+
+    /// Job tasks that failed since the worker was built (each left to its lease).
+    pub fn failed_tasks(&self) -> u64 {
+        self.inner.failed_tasks.load(Ordering::SeqCst)
+    }
+
+    /// Marks a run as started until the guard is dropped (also by a panic or an abort).
+    fn running(&self) -> RunningGuard {
+        self.inner.runs.fetch_add(1, Ordering::SeqCst);
+        RunningGuard(self.clone())
+    }
+}
+
+struct RunningGuard(PoolHealth);
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        self.0.inner.runs.fetch_sub(1, Ordering::SeqCst);
+        self.0.inner.claim_failures.store(0, Ordering::SeqCst);
+    }
+}
+
+/// The claim loop's wait after a failed claim: 100 ms, doubling up to 5 s, back to 100 ms
+/// after a claim that works.
+#[derive(Debug)]
+pub(crate) struct ClaimBackoff {
+    next: Duration,
+}
+
+impl ClaimBackoff {
+    pub(crate) const FIRST: Duration = Duration::from_millis(100);
+    pub(crate) const MAX: Duration = Duration::from_secs(5);
+
+    pub(crate) fn new() -> Self {
+        Self { next: Self::FIRST }
+    }
+
+    /// The wait after one more failure.
+    pub(crate) fn failed(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        d
+    }
+
+    /// A claim worked.
+    pub(crate) fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
 }
 
 /// A pool of job runners over some queues.
@@ -308,6 +394,11 @@ impl Worker {
         }
     }
 
+    /// Whether this worker's pool is running (see [`PoolHealth`]).
+    pub fn health(&self) -> PoolHealth {
+        self.inner.health.clone()
+    }
+
     /// Runs until no job is due and none is running (jobs deferred to later are left for a
     /// later run), or `max_jobs` claims have ended.
     pub async fn run_until_idle(&self) -> Result<Summary, RuntimeError> {
@@ -318,6 +409,11 @@ impl Worker {
     /// within the grace period, releases jobs waiting to retry in process (to their planned
     /// time) and, when the grace period ends, interrupts the rest and releases their jobs
     /// (the interrupted attempt not counted).
+    ///
+    /// Store faults do not end the run: a failed claim is retried after a backoff (100 ms
+    /// doubling to 5 s), a job task that fails (its write failed for as long as its lease
+    /// held, or redrive's own code panicked) is logged with the job id and its job left to
+    /// its lease (rescued and run again), and the pool goes on ([`Summary::failed`]).
     pub async fn run(&self, shutdown: CancellationToken) -> Result<Summary, RuntimeError> {
         self.run_inner(shutdown, false).await
     }
@@ -329,6 +425,8 @@ impl Worker {
     ) -> Result<Summary, RuntimeError> {
         let w = &self.inner;
         let b = &w.b;
+        let _running = w.health.running();
+        let mut backoff = ClaimBackoff::new();
         let hard = CancellationToken::new();
         let run = Arc::new(Run {
             w: w.clone(),
@@ -337,9 +435,9 @@ impl Worker {
             hard: hard.clone(),
         });
         let sem = Arc::new(Semaphore::new(b.concurrency));
-        let mut tasks: JoinSet<Result<Summary, RuntimeError>> = JoinSet::new();
+        let mut tasks: JoinSet<(i64, std::thread::Result<Result<Summary, RuntimeError>>)> =
+            JoinSet::new();
         let mut total = Summary::default();
-        let mut failed: Option<RuntimeError> = None;
         let mut claimed = 0u64;
         let mut wake = b.store.subscribe();
         let mut last_rescue: Option<tokio::time::Instant> = None;
@@ -351,9 +449,9 @@ impl Worker {
 
         loop {
             while let Some(r) = tasks.try_join_next() {
-                absorb(r, &mut total, &mut failed);
+                absorb(r, &mut total, &w.health);
             }
-            if stop.is_cancelled() || failed.is_some() {
+            if stop.is_cancelled() {
                 break;
             }
             let left = b.max_jobs.map(|m| m.saturating_sub(claimed));
@@ -447,13 +545,21 @@ impl Worker {
                 now: b.clock.now(),
             };
             let jobs = match w.db.run(move |s| async move { s.claim(&p).await }).await {
-                Ok(j) => j,
+                Ok(j) => {
+                    backoff.reset();
+                    w.health.inner.claim_failures.store(0, Ordering::SeqCst);
+                    j
+                }
                 Err(e) => {
-                    tracing::warn!("claiming failed: {e}");
+                    // The store is unavailable: wait longer each time (the running jobs go
+                    // on, and end as their writes allow), and never give up.
+                    let wait = backoff.failed();
+                    let n = w.health.inner.claim_failures.fetch_add(1, Ordering::SeqCst) + 1;
+                    tracing::warn!(failures = n, retry_in = ?wait, "claiming failed: {e}");
                     drop(permits);
                     tokio::select! {
                         _ = stop.cancelled() => break,
-                        _ = tokio::time::sleep(b.poll) => continue,
+                        _ = tokio::time::sleep(wait) => continue,
                     }
                 }
             };
@@ -471,7 +577,7 @@ impl Worker {
                 tokio::select! {
                     biased;
                     _ = stop.cancelled() => break,
-                    Some(r) = tasks.join_next(), if !tasks.is_empty() => absorb(r, &mut total, &mut failed),
+                    Some(r) = tasks.join_next(), if !tasks.is_empty() => absorb(r, &mut total, &w.health),
                     r = wake.changed() => if r.is_err() { tokio::time::sleep(wait).await },
                     _ = tokio::time::sleep(wait) => {}
                 }
@@ -483,10 +589,11 @@ impl Worker {
             for job in jobs {
                 let permit = permits.next();
                 let run = run.clone();
+                let id = job.id;
                 tasks.spawn(async move {
-                    let r = run.execute(job).await;
+                    let r = AssertUnwindSafe(run.execute(job)).catch_unwind().await;
                     drop(permit);
-                    r
+                    (id, r)
                 });
             }
         }
@@ -498,7 +605,7 @@ impl Worker {
             tokio::select! {
                 r = tasks.join_next() => match r {
                     None => break,
-                    Some(r) => absorb(r, &mut total, &mut failed),
+                    Some(r) => absorb(r, &mut total, &w.health),
                 },
                 _ = &mut grace, if stop.is_cancelled() && !hard.is_cancelled() => {
                     tracing::warn!(running = tasks.len(), "shutdown grace period over: interrupting and releasing");
@@ -506,10 +613,7 @@ impl Worker {
                 }
             }
         }
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(total),
-        }
+        Ok(total)
     }
 }
 
@@ -522,18 +626,42 @@ fn due(last: &mut Option<tokio::time::Instant>, every: Duration) -> bool {
     false
 }
 
+/// Adds a job task's end to the run's: a failed task is logged with its job and counted, and
+/// its job is left to its lease (the heartbeat stopped with the task, so the lease runs out
+/// and the job is rescued); the pool goes on.
 fn absorb(
-    r: Result<Result<Summary, RuntimeError>, tokio::task::JoinError>,
+    r: Result<(i64, std::thread::Result<Result<Summary, RuntimeError>>), tokio::task::JoinError>,
     total: &mut Summary,
-    failed: &mut Option<RuntimeError>,
+    health: &PoolHealth,
 ) {
-    match r {
-        Ok(Ok(s)) => total.add(s),
-        Ok(Err(e)) => {
-            tracing::error!("job task failed: {e}");
-            failed.get_or_insert(e);
+    let failed = match r {
+        Ok((_, Ok(Ok(s)))) => {
+            total.add(s);
+            return;
         }
-        Err(e) => tracing::error!("job task panicked: {e}"),
+        Ok((job, Ok(Err(e)))) => {
+            tracing::error!(
+                job,
+                "job task failed: {e}; the job is left to its lease and will be rescued"
+            );
+            true
+        }
+        Ok((job, Err(p))) => {
+            tracing::error!(
+                job,
+                "job task panicked: {}; the job is left to its lease and will be rescued",
+                panic_text(&p)
+            );
+            true
+        }
+        Err(e) => {
+            tracing::error!("job task ended abnormally: {e}; its job is left to its lease");
+            true
+        }
+    };
+    if failed {
+        total.failed += 1;
+        health.inner.failed_tasks.fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -565,24 +693,28 @@ impl Run {
         }
     }
 
-    /// Writes a fenced completion, retrying a failing store while the lease holds.
+    /// Writes a fenced completion, retrying a failing store while the lease holds (the
+    /// heartbeat gives up on it shortly before it runs out) and the run is not interrupted:
+    /// an outcome recorded late beats one lost, whose job would run again.
     async fn write(&self, c: Completion, lost: &CancellationToken) -> Result<(), WriteError> {
         let mut wait = Duration::from_millis(50);
-        let mut tries = 0;
         loop {
             match self.completer.complete(c.clone()).await {
                 Ok(()) => return Ok(()),
                 Err(e) if e.is_lease_lost() || matches!(e, WriteError::Stopped) => return Err(e),
                 Err(e) => {
-                    tries += 1;
-                    if tries >= 6 || lost.is_cancelled() {
+                    if lost.is_cancelled() || self.hard.is_cancelled() {
                         return Err(e);
                     }
                     tracing::warn!(
                         job = c.lease.job_id,
                         "recording the attempt failed, retrying: {e}"
                     );
-                    tokio::time::sleep(wait).await;
+                    tokio::select! {
+                        _ = lost.cancelled() => {}
+                        _ = self.hard.cancelled() => {}
+                        _ = tokio::time::sleep(wait) => {}
+                    }
                     wait = (wait * 2).min(Duration::from_secs(2));
                 }
             }
@@ -592,10 +724,10 @@ impl Run {
     /// One claim: attempts until the job is done, dead, deferred, released or its lease is lost.
     async fn execute(&self, job: Job) -> Result<Summary, RuntimeError> {
         let lost = CancellationToken::new();
-        let heartbeat = self.spawn_heartbeat(&job, lost.clone());
-        let r = self.execute_inner(&job, &lost).await;
-        heartbeat.abort();
-        r
+        // Stopped however the claim ends, a panic included: a heartbeat that outlived its
+        // task would hold the lease for ever, and the job would never be rescued.
+        let _heartbeat = AbortOnDrop(self.spawn_heartbeat(&job, lost.clone()));
+        self.execute_inner(&job, &lost).await
     }
 
     async fn execute_inner(
@@ -945,6 +1077,15 @@ impl Run {
     }
 }
 
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// The stored transition and what the executor does next, for a decided action.
 fn plan(action: Action, result: &serde_json::Value) -> (Transition, Step) {
     match action {
@@ -990,4 +1131,35 @@ fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
         .map(|s| (*s).to_owned())
         .or_else(|| p.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "non-text panic".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claim_backoff_doubles_to_five_seconds_and_resets() {
+        let mut b = ClaimBackoff::new();
+        let waits: Vec<u64> = (0..9).map(|_| b.failed().as_millis() as u64).collect();
+        assert_eq!(
+            waits,
+            [100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000],
+            "100 ms doubling, capped at 5 s"
+        );
+        b.reset();
+        assert_eq!(b.failed(), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn health_counts_runs_until_their_guards_drop() {
+        let h = PoolHealth::default();
+        assert!(!h.is_running());
+        let a = h.running();
+        let b = h.clone().running();
+        assert!(h.is_running());
+        drop(a);
+        assert!(h.is_running(), "one run is left");
+        drop(b);
+        assert!(!h.is_running());
+    }
 }

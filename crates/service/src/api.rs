@@ -218,6 +218,11 @@ pub(crate) fn parse_enqueue(
 /// the store's dedupe holds across retention too. A repeat of a body `key` returns the existing
 /// job with 200 and `created: false` when the kind and payload are the same, and 422 naming
 /// the key when they differ.
+///
+/// A request with an `Idempotency-Key` whose process vanished (killed, crashed) before it
+/// answered holds its key for the recovery window (`redrive serve
+/// --idempotency-recovery-window`, default 30 s); meanwhile a repeat gets 409, afterwards the
+/// repeat runs the enqueue again and finds the job by its key if the first run made it.
 #[utoipa::path(
     post, path = "/v1/jobs", tag = "jobs",
     request_body = EnqueueRequest,
@@ -227,10 +232,10 @@ pub(crate) fn parse_enqueue(
         (status = 200, description = "A job with this queue and key already existed", body = EnqueueResponse),
         (status = 400, description = "Malformed body, field or header", body = ProblemBody, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong bearer token", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 409, description = "The first request with this Idempotency-Key is in flight", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "The first request with this Idempotency-Key is in flight (or vanished less than the recovery window ago)", body = ProblemBody, content_type = "application/problem+json"),
         (status = 413, description = "Body over 1 MiB", body = ProblemBody, content_type = "application/problem+json"),
         (status = 422, description = "A value out of range, or the Idempotency-Key reused for another request", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 503, description = "Store unavailable", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "Store unavailable, or its SQLite file deleted or replaced (the job is not acknowledged)", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn create_job(
@@ -497,30 +502,107 @@ pub(crate) async fn healthz() -> Json<Health> {
     })
 }
 
-/// The store is reachable (503 otherwise).
+/// How long a write probe of `/readyz` is reused.
+const WRITE_PROBE_REUSE: Duration = Duration::from_secs(1);
+
+/// How long `/readyz` waits for the store's write.
+const WRITE_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+fn not_ready(slug: &'static str, detail: impl Into<String>) -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        slug,
+        "The service is not ready",
+        detail,
+    )
+}
+
+/// The store takes writes: a committed write (reused for a second). `Err`: the detail.
+async fn store_writable(state: &AppState) -> Result<(), String> {
+    let mut last = state.inner.write_probe.lock().await;
+    if let Some((at, r)) = &*last
+        && at.elapsed() < WRITE_PROBE_REUSE
+    {
+        return r.clone();
+    }
+    let store = &state.inner.store;
+    let r = match tokio::time::timeout(
+        WRITE_PROBE_TIMEOUT,
+        store.check_writable("readyz", chrono::Utc::now()),
+    )
+    .await
+    {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "readiness: the store cannot take writes");
+            Err("the job store cannot take writes".to_owned())
+        }
+        Err(_) => {
+            tracing::warn!("readiness: the store's write timed out");
+            Err(format!(
+                "the job store did not commit a write within {} s",
+                WRITE_PROBE_TIMEOUT.as_secs()
+            ))
+        }
+    };
+    *last = Some((std::time::Instant::now(), r.clone()));
+    r
+}
+
+/// Ready: the store answers a read and takes writes (a committed write), on SQLite its file is
+/// still the one opened, and the in-process worker pool (`redrive serve --workers N`) runs.
+/// 503 otherwise, naming what is wrong (`type` ends in `store-file-changed`,
+/// `store-unavailable` or `workers-stopped`).
 #[utoipa::path(
     get, path = "/readyz", tag = "health", security(()),
     responses(
         (status = 200, description = "Ready", body = Health),
-        (status = 503, description = "The store is unreachable", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "Not ready: the store cannot take writes, its file was deleted or replaced, or the worker pool stopped", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
     let store = &state.inner.store;
-    match tokio::time::timeout(Duration::from_secs(3), store.get(0)).await {
-        Ok(Ok(_)) => Ok(Json(Health {
-            status: "ok".into(),
-            backend: Some(store.backend().into()),
-        })),
+    if let Err(e) = store.check_file() {
+        tracing::error!(error = %e, "readiness: the database file changed");
+        return Err(not_ready(
+            "store-file-changed",
+            "the job store's database file was deleted or replaced since it was opened: nothing written now is durable; restart redrive",
+        ));
+    }
+    // A read of the jobs' table (every time), then a committed write (reused for a second).
+    match tokio::time::timeout(WRITE_PROBE_TIMEOUT, store.get(0)).await {
+        Ok(Ok(_)) => {}
         Ok(Err(e)) => {
-            tracing::warn!(error = %e, "readiness check failed");
-            Err(ApiError::unavailable())
+            tracing::warn!(error = %e, "readiness: the store cannot be read");
+            return Err(not_ready(
+                "store-unavailable",
+                "the job store cannot be read",
+            ));
         }
         Err(_) => {
-            tracing::warn!("readiness check timed out");
-            Err(ApiError::unavailable())
+            tracing::warn!("readiness: the store's read timed out");
+            return Err(not_ready(
+                "store-unavailable",
+                format!(
+                    "the job store did not answer a read within {} s",
+                    WRITE_PROBE_TIMEOUT.as_secs()
+                ),
+            ));
         }
     }
+    store_writable(&state)
+        .await
+        .map_err(|why| not_ready("store-unavailable", why))?;
+    for c in &state.inner.ready_checks {
+        if let Err(why) = c.check() {
+            tracing::warn!(check = c.name(), "readiness: {why}");
+            return Err(not_ready(c.name(), why));
+        }
+    }
+    Ok(Json(Health {
+        status: "ok".into(),
+        backend: Some(store.backend().into()),
+    }))
 }
 
 /// `/metrics`: refreshes `redrive_jobs{queue,state}` from the store (fleet-wide), then renders.
@@ -642,10 +724,14 @@ impl Modify for BearerAuth {
             (e.g. outbound HTTP calls), list, inspect, replay and cancel them, and watch the \
             fleet's breakers. Errors are application/problem+json with `field` and `value`."
     ),
-    paths(create_job, list_jobs, get_job, replay_job, cancel_job, stats, breakers, healthz, readyz),
+    paths(
+        create_job, list_jobs, get_job, replay_job, cancel_job, stats, breakers, healthz, readyz,
+        crate::idempotency::list_keys, crate::idempotency::recover_key
+    ),
     components(schemas(
         EnqueueRequest, EnqueueResponse, JobView, AttemptView, JobPage, JobDetail, StateName,
-        CountView, BreakerView, TransitionView, BreakersResponse, StatsResponse, Health, ProblemBody
+        CountView, BreakerView, TransitionView, BreakersResponse, StatsResponse, Health, ProblemBody,
+        crate::idempotency::IdempotencyRecordView, crate::idempotency::IdempotencyPage
     )),
     modifiers(&BearerAuth, &FrontDoorResponses),
     security(("bearer" = [])),
@@ -653,6 +739,7 @@ impl Modify for BearerAuth {
         (name = "jobs", description = "Enqueue, list, inspect, replay, cancel"),
         (name = "fleet", description = "Counts and circuit breakers"),
         (name = "health", description = "Liveness and readiness"),
+        (name = "idempotency", description = "The Idempotency-Keys of POST /v1/jobs: list, recover stuck ones"),
     )
 )]
 pub struct ApiDoc;

@@ -30,6 +30,7 @@ pub mod conn;
 mod dashboard;
 mod error;
 pub mod guard;
+mod idempotency;
 mod server;
 mod session;
 mod state;
@@ -40,9 +41,13 @@ pub use auth::{MIN_PUBLIC_TOKEN_CHARS, SESSION_COOKIE};
 pub use conn::{ConnLimits, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
 pub use error::{ApiError, PROBLEM_BASE, PROBLEM_JSON, ProblemBody, ServiceError};
 pub use guard::validate_public_host;
+pub use idempotency::{IdempotencyPage, IdempotencyRecordView};
 pub use server::{app, check_exposure, serve, serve_listener};
 pub use session::{DEFAULT_SESSION_TTL, LOGIN_FAILURES_PER_MINUTE};
-pub use state::{AppConfig, AppState, DEFAULT_ADDR, MAX_BODY_BYTES, ServiceConfig};
+pub use state::{
+    AppConfig, AppState, DEFAULT_ADDR, DEFAULT_IDEMPOTENCY_RECOVERY_WINDOW, IDEMPOTENCY_SCOPE,
+    MAX_BODY_BYTES, MIN_IDEMPOTENCY_RECOVERY_WINDOW, ReadyCheck, ServiceConfig,
+};
 pub use views::*;
 
 pub use axum::Router;

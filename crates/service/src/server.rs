@@ -13,7 +13,7 @@ use axum::routing::{get, post};
 use crate::auth::MIN_PUBLIC_TOKEN_CHARS;
 use crate::error::{ApiError, PROBLEM_JSON, ServiceError};
 use crate::state::{AppState, MAX_BODY_BYTES, ServiceConfig};
-use crate::{api, auth, conn, dashboard, guard};
+use crate::{api, auth, conn, dashboard, guard, idempotency};
 
 /// The whole application: `/v1` (behind the bearer token, if one is configured), `/metrics`,
 /// `/healthz`, `/readyz`, `/openapi.json` and the dashboard, all behind the front door
@@ -28,6 +28,11 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/jobs/{id}/cancel", post(api::cancel_job))
         .route("/v1/stats", get(api::stats))
         .route("/v1/breakers", get(api::breakers))
+        .route("/v1/idempotency", get(idempotency::list_keys))
+        .route(
+            "/v1/idempotency/{key}/recover",
+            post(idempotency::recover_key),
+        )
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             guard::json_writes,

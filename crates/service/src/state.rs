@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
-use redrive_http::idempotency::{self, IdempotencyLayer, IdempotencyStore};
+use redrive_http::idempotency::{self, IdempotencyLayer, IdempotencyStore, RecoveryMode, Scope};
 use redrive_policy::PolicySet;
 use redrive_store::{Clock, Store, SystemClock};
 use tokio::sync::Semaphore;
@@ -24,12 +24,64 @@ pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 /// The default listen address of `redrive serve`.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:8080";
 
+/// How long an `Idempotency-Key` of `POST /v1/jobs` stays claimed by a request whose process
+/// vanished (killed, crashed) before a repeat may take it over and enqueue again: 30 s.
+pub const DEFAULT_IDEMPOTENCY_RECOVERY_WINDOW: Duration = Duration::from_secs(30);
+
+/// The shortest recovery window accepted (the idempotency layer's shortest lease).
+pub const MIN_IDEMPOTENCY_RECOVERY_WINDOW: Duration = idempotency::MIN_LEASE;
+
+/// The scope of every `Idempotency-Key` of the API (one tenant per service).
+pub const IDEMPOTENCY_SCOPE: &str = "default";
+
+/// One more thing `/readyz` checks besides the store, e.g. that the in-process worker pool of
+/// `redrive serve --workers N` runs: `Err` says what is wrong (the 503's detail).
+#[derive(Clone)]
+pub struct ReadyCheck {
+    name: &'static str,
+    check: Arc<dyn Fn() -> Result<(), String> + Send + Sync>,
+}
+
+impl ReadyCheck {
+    /// A check called `name` (the slug of its problem, e.g. `workers-stopped`).
+    pub fn new(
+        name: &'static str,
+        check: impl Fn() -> Result<(), String> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            name,
+            check: Arc::new(check),
+        }
+    }
+
+    /// The check's name.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// Runs the check.
+    ///
+    /// # Errors
+    /// What is wrong.
+    pub fn check(&self) -> Result<(), String> {
+        (self.check)()
+    }
+}
+
+impl fmt::Debug for ReadyCheck {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("ReadyCheck").field(&self.name).finish()
+    }
+}
+
 /// What the application needs besides the store.
 ///
 /// # Default
 /// No token, the built-in policy presets, no Prometheus handle (`/metrics` answers 404), no
 /// public host (only loopback names), no `Secure` cookie, `/metrics` behind the token when
-/// there is one, 12-hour sessions, the default [`ConnLimits`], the system clock.
+/// there is one, 12-hour sessions, the default [`ConnLimits`], the system clock, the
+/// idempotency recovery window [`DEFAULT_IDEMPOTENCY_RECOVERY_WINDOW`], no readiness checks
+/// besides the store's.
 #[derive(Clone)]
 pub struct AppConfig {
     /// The bearer token every `/v1` call (and the dashboard) must carry; `None`: open.
@@ -51,6 +103,13 @@ pub struct AppConfig {
     pub connections: ConnLimits,
     /// The clock of sessions and the login limit (`None`: the system clock).
     pub clock: Option<Arc<dyn Clock>>,
+    /// How long a `POST /v1/jobs` whose process vanished holds its `Idempotency-Key` before a
+    /// repeat takes it over and enqueues again (the layer's lease; a live request extends it
+    /// every third of it). Safe because the enqueue is idempotent by job key: the repeat finds
+    /// the job if the first run made it. `None`: [`DEFAULT_IDEMPOTENCY_RECOVERY_WINDOW`].
+    pub idempotency_recovery_window: Option<Duration>,
+    /// More checks of `/readyz` (e.g. the in-process worker pool).
+    pub ready_checks: Vec<ReadyCheck>,
 }
 
 impl Default for AppConfig {
@@ -65,6 +124,8 @@ impl Default for AppConfig {
             session_ttl: DEFAULT_SESSION_TTL,
             connections: ConnLimits::default(),
             clock: None,
+            idempotency_recovery_window: None,
+            ready_checks: Vec::new(),
         }
     }
 }
@@ -80,6 +141,11 @@ impl fmt::Debug for AppConfig {
             .field("metrics_public", &self.metrics_public)
             .field("session_ttl", &self.session_ttl)
             .field("connections", &self.connections)
+            .field(
+                "idempotency_recovery_window",
+                &self.idempotency_recovery_window,
+            )
+            .field("ready_checks", &self.ready_checks)
             .finish_non_exhaustive()
     }
 }
@@ -107,6 +173,10 @@ pub(crate) struct Inner {
     pub(crate) token: Option<Token>,
     pub(crate) prometheus: Option<PrometheusHandle>,
     pub(crate) idempotency: IdempotencyLayer,
+    pub(crate) ready_checks: Vec<ReadyCheck>,
+    /// The last write probe of `/readyz` (when, and why it failed), reused for a second so
+    /// that a flood of probes makes at most one write a second.
+    pub(crate) write_probe: tokio::sync::Mutex<Option<(std::time::Instant, Result<(), String>)>>,
     /// Queues seen by `/metrics`, so a queue that empties reports zeros, not stale counts.
     pub(crate) seen_queues: std::sync::Mutex<std::collections::BTreeSet<String>>,
     pub(crate) front_door: FrontDoor,
@@ -137,7 +207,9 @@ impl AppState {
     /// [`ServiceError::InvalidToken`] for an empty or non-ASCII token;
     /// [`ServiceError::InvalidPublicHost`] for a public host that is not `host[:port]`;
     /// [`ServiceError::InvalidLimit`] for a zero connection limit or timeout;
-    /// [`ServiceError::Idempotency`] when the idempotency table cannot be created.
+    /// [`ServiceError::Idempotency`] when the idempotency table cannot be created;
+    /// [`ServiceError::IdempotencyConfig`] for a recovery window below
+    /// [`MIN_IDEMPOTENCY_RECOVERY_WINDOW`].
     pub async fn new(store: Store, config: AppConfig) -> Result<Self, ServiceError> {
         let token = config.token.as_deref().map(Token::new).transpose()?;
         let public_hosts = config
@@ -164,8 +236,18 @@ impl AppState {
         idem.ensure_schema()
             .await
             .map_err(ServiceError::Idempotency)?;
+        // A request whose process vanished leaves its key claimed; after the recovery window
+        // a repeat takes it over and runs the enqueue again, which finds the job by its key if
+        // the first run made it (`RecoveryMode::Resume`; only this route has the layer).
+        let window = config
+            .idempotency_recovery_window
+            .unwrap_or(DEFAULT_IDEMPOTENCY_RECOVERY_WINDOW);
         let layer = IdempotencyLayer::builder(idem)
             .with_required(false)
+            .with_scope(Scope::Constant(Arc::from(IDEMPOTENCY_SCOPE)))
+            .with_recovery(RecoveryMode::Resume)
+            .with_lease(window)
+            .with_heartbeat_interval(window / 3)
             .with_max_request_bytes(MAX_BODY_BYTES)
             .with_problem_base(format!("{}idempotency/", crate::error::PROBLEM_BASE))
             .build()
@@ -177,6 +259,8 @@ impl AppState {
                 token,
                 prometheus: config.prometheus,
                 idempotency: layer,
+                ready_checks: config.ready_checks,
+                write_probe: tokio::sync::Mutex::new(None),
                 seen_queues: Default::default(),
                 front_door: FrontDoor { public_hosts },
                 sessions: Sessions::new(config.session_ttl, clock.clone()),

@@ -53,6 +53,18 @@ pub enum StoreError {
         /// Why.
         detail: String,
     },
+    /// The SQLite file is no longer the one the store opened (deleted, or replaced by another
+    /// file): writes go to a file that the next start will not see, so nothing written now is
+    /// durable. Restart redrive (after restoring the file, if it was removed by mistake).
+    #[error(
+        "the database file {path} is no longer the one opened ({reason}): writes are not durable; restart redrive"
+    )]
+    FileChanged {
+        /// The file's path.
+        path: String,
+        /// What happened to it.
+        reason: String,
+    },
     /// The database failed.
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),

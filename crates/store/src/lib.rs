@@ -68,6 +68,30 @@ pub(crate) fn check_batch(field: &'static str, n: usize) -> Result<()> {
     Ok(())
 }
 
+/// Whether a connection going back to its pool may be reused (`after_release`): not when it
+/// is still counted as inside a transaction. That happens when a commit fails and the
+/// database has already ended the transaction itself (SQLite does on a disk I/O error), so
+/// the rollback that follows fails too: reused, the connection would refuse every later
+/// transaction ("begin_with at non-zero transaction depth" on the single SQLite writer, until
+/// a restart). Such a connection is closed, which ends any transaction still open, and the
+/// pool opens a fresh one. The ping first lets a rollback queued by a dropped transaction run.
+///
+/// Every pool of the store uses it; give it to pools of your own on the same database:
+/// `SqlitePoolOptions::new().after_release(|c, _| Box::pin(release_if_clean(c)))`.
+///
+/// # Errors
+/// The ping's: the connection is broken (the pool then closes it).
+pub async fn release_if_clean<C: sqlx::Connection>(
+    conn: &mut C,
+) -> std::result::Result<bool, sqlx::Error> {
+    conn.ping().await?;
+    if conn.is_in_transaction() {
+        tracing::warn!("a database connection was left inside a failed transaction: closing it");
+        return Ok(false);
+    }
+    Ok(true)
+}
+
 /// The queue: one of the two backends behind one API.
 #[derive(Debug, Clone)]
 pub enum Store {
@@ -120,20 +144,65 @@ impl Store {
 
     /// Enqueues one job. A repeat with the same queue and key returns the existing job with
     /// `created: false`, also under concurrent enqueues (the unique index decides).
+    ///
+    /// On SQLite the result is returned only if the database file is still the one opened
+    /// once the job is committed ([`Store::check_file`]): a job written to a deleted or
+    /// replaced file would be gone at the next start, so it is not acknowledged
+    /// ([`StoreError::FileChanged`]).
     pub async fn enqueue(&self, job: &NewJob, now: Timestamp) -> Result<Enqueued> {
         let out = dispatch!(self, s => {
             let mut conn = s.pool.acquire().await?;
             s.enqueue_in(&mut conn, job, now).await?
         });
+        self.check_file()?;
         if out.created {
             dispatch!(self, s => s.wake());
         }
         Ok(out)
     }
 
-    /// Enqueues many jobs in one transaction; results in input order.
+    /// Enqueues many jobs in one transaction; results in input order. On SQLite, as
+    /// [`Store::enqueue`], only acknowledged while the file is the one opened.
     pub async fn enqueue_many(&self, jobs: &[NewJob], now: Timestamp) -> Result<Vec<Enqueued>> {
-        dispatch!(self, s => s.enqueue_many_impl(jobs, now).await)
+        let out = dispatch!(self, s => s.enqueue_many_impl(jobs, now).await)?;
+        self.check_file()?;
+        Ok(out)
+    }
+
+    /// `Ok` while the store's database is the one it opened: on SQLite, the file at the path
+    /// opened still has the device and inode it had (on other systems: still exists); always
+    /// `Ok` on PostgreSQL and for an in-memory database. A stat, cheap enough for every
+    /// acknowledgement.
+    ///
+    /// # Errors
+    /// [`StoreError::FileChanged`] naming the path and what happened to it.
+    pub fn check_file(&self) -> Result<()> {
+        match self {
+            Store::Sqlite(s) => s.check_file(),
+            Store::Postgres(_) => Ok(()),
+        }
+    }
+
+    /// A real write, for readiness checks: upserts the row `name` of the probe table (its time
+    /// and a count of probes, so that every probe changes it) and commits it (on SQLite after checking the file, [`Store::check_file`]). Fails while the
+    /// database cannot take writes (a full or failing disk, a read-only file, PostgreSQL down
+    /// or read-only), not only when it cannot be read.
+    ///
+    /// # Errors
+    /// [`StoreError::FileChanged`], or the database's error.
+    pub async fn check_writable(&self, name: &str, now: Timestamp) -> Result<()> {
+        self.check_file()?;
+        const UPSERT: &str = "INSERT INTO redrive_probe (name, checked_at) VALUES ($1, $2) \
+            ON CONFLICT (name) DO UPDATE SET checked_at = excluded.checked_at, \
+            writes = redrive_probe.writes + 1";
+        dispatch!(self, s => {
+            sqlx::query(UPSERT)
+                .bind(name)
+                .bind(model::millis(now))
+                .execute(&s.pool)
+                .await?;
+        });
+        Ok(())
     }
 
     /// One job.

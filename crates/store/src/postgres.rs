@@ -80,6 +80,7 @@ impl PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(2))
             .acquire_timeout(CONNECT_TIMEOUT)
+            .after_release(|conn, _| Box::pin(crate::release_if_clean(conn)))
             .after_connect(move |conn, _| {
                 let sp = search_path.clone();
                 Box::pin(async move {

@@ -18,6 +18,65 @@ pub struct SqliteStore {
     pub(crate) read: SqlitePool,
     pub(crate) sql: Arc<Sql>,
     pub(crate) wake: Arc<tokio::sync::watch::Sender<u64>>,
+    /// The database file as opened (`None`: in memory).
+    pub(crate) file: Option<Arc<FileIdentity>>,
+}
+
+/// Which file was opened: its path and, on Unix, its device and inode. A file deleted or
+/// replaced under a running process is not the one it writes to any more: the process goes on
+/// writing to the unlinked (or old) inode, and everything written is gone at the next start.
+#[derive(Debug)]
+pub(crate) struct FileIdentity {
+    path: std::path::PathBuf,
+    #[cfg(unix)]
+    id: (u64, u64),
+}
+
+impl FileIdentity {
+    /// The identity of the file at `path` now (`None` when there is none: an in-memory
+    /// database).
+    fn of(path: &std::path::Path) -> Option<Self> {
+        let meta = std::fs::metadata(path).ok()?;
+        let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            Some(Self {
+                path,
+                id: (meta.dev(), meta.ino()),
+            })
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = meta;
+            Some(Self { path })
+        }
+    }
+
+    /// `Ok` while the path still names the file opened.
+    pub(crate) fn check(&self) -> Result<()> {
+        let changed = |reason: String| StoreError::FileChanged {
+            path: self.path.display().to_string(),
+            reason,
+        };
+        let meta = match std::fs::metadata(&self.path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(changed("it was deleted".into()));
+            }
+            Err(e) => return Err(changed(format!("it cannot be read: {e}"))),
+        };
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            if (meta.dev(), meta.ino()) != self.id {
+                return Err(changed("another file was put in its place".into()));
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = meta;
+        Ok(())
+    }
 }
 
 impl SqliteStore {
@@ -42,11 +101,19 @@ impl SqliteStore {
         let pool = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(1)
+            .after_release(|conn, _| Box::pin(crate::release_if_clean(conn)))
             .connect_with(opts.clone())
             .await?;
+        let file = if opts.get_filename().as_os_str() == ":memory:" {
+            None
+        } else {
+            FileIdentity::of(opts.get_filename()).map(Arc::new)
+        };
         let store = Self {
+            file,
             read: SqlitePoolOptions::new()
                 .max_connections(4)
+                .after_release(|conn, _| Box::pin(crate::release_if_clean(conn)))
                 .connect_lazy_with(opts.read_only(false)),
             pool,
             sql: Arc::new(Sql::new(Dialect::Sqlite)),
@@ -62,6 +129,18 @@ impl SqliteStore {
             .run(&self.pool)
             .await?;
         Ok(())
+    }
+
+    /// `Ok` while the database file is still the one opened (not deleted or replaced since);
+    /// always `Ok` for an in-memory database.
+    ///
+    /// # Errors
+    /// [`StoreError::FileChanged`] naming the path and what happened to it.
+    pub fn check_file(&self) -> Result<()> {
+        match &self.file {
+            Some(f) => f.check(),
+            None => Ok(()),
+        }
     }
 
     /// The writer pool (for callers that enqueue inside their own transaction on the same file).

@@ -175,10 +175,24 @@ conformance!(
     wake_up_on_enqueue,
     list_by_every_state_and_counts,
     large_mixed_batch_applies_each_item_alone,
+    check_writable_commits_a_write,
 );
 
 mod cases {
     use super::*;
+
+    pub(super) async fn check_writable_commits_a_write(s: &Store) {
+        s.check_file().unwrap();
+        for (n, t) in [(1, T0), (2, T0 + 1000), (3, T0 + 1000)] {
+            s.check_writable("conformance", ms(t)).await.unwrap();
+            let q = "SELECT checked_at, writes FROM redrive_probe WHERE name = 'conformance'";
+            let row: (i64, i64) = match s {
+                Store::Sqlite(x) => sqlx::query_as(q).fetch_one(x.pool()).await.unwrap(),
+                Store::Postgres(x) => sqlx::query_as(q).fetch_one(x.pool()).await.unwrap(),
+            };
+            assert_eq!(row, (t, n), "the probe row was written (and rewritten)");
+        }
+    }
 
     pub(super) async fn enqueue_dedupes_on_key(s: &Store) {
         let now = ms(T0);
@@ -1338,5 +1352,62 @@ mod cases {
             .collect();
         expect.sort_by(|x, y| (&x.queue, x.state.as_str()).cmp(&(&y.queue, y.state.as_str())));
         assert_eq!(s.counts().await.unwrap(), expect);
+    }
+}
+
+/// SQLite only: the file under a running store.
+mod sqlite_file {
+    use super::*;
+
+    async fn open() -> (tempfile::TempDir, std::path::PathBuf, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("q.db");
+        let store = Store::connect(&format!("sqlite:{}", path.display()))
+            .await
+            .unwrap();
+        (dir, path, store)
+    }
+
+    /// A deleted file: the enqueue is committed into the unlinked file, which the next start
+    /// will not see, so it must not be acknowledged; the write check fails too.
+    #[tokio::test]
+    async fn a_deleted_file_is_not_acknowledged() {
+        let (_dir, path, store) = open().await;
+        let now = ms(T0);
+        store.enqueue(&job("q"), now).await.unwrap();
+        store.check_writable("t", now).await.unwrap();
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+        }
+        let e = store.enqueue(&job("q"), now).await.unwrap_err();
+        assert!(matches!(e, StoreError::FileChanged { .. }), "{e}");
+        assert!(e.to_string().contains("q.db"), "{e}");
+        assert!(e.to_string().contains("deleted"), "{e}");
+        let e = store.enqueue_many(&[job("q")], now).await.unwrap_err();
+        assert!(matches!(e, StoreError::FileChanged { .. }), "{e}");
+        let e = store.check_writable("t", now).await.unwrap_err();
+        assert!(matches!(e, StoreError::FileChanged { .. }), "{e}");
+        assert!(store.check_file().is_err());
+    }
+
+    /// A file put in the place of the one opened (a restore, a copy over it) is another file.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_replaced_file_is_not_acknowledged() {
+        let (dir, path, store) = open().await;
+        let now = ms(T0);
+        let other = dir.path().join("other.db");
+        std::fs::write(&other, b"").unwrap();
+        std::fs::rename(&other, &path).unwrap();
+        let e = store.enqueue(&job("q"), now).await.unwrap_err();
+        assert!(e.to_string().contains("another file"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn an_in_memory_database_has_no_file_to_check() {
+        let store = Store::connect("sqlite::memory:").await.unwrap();
+        store.check_file().unwrap();
+        store.enqueue(&job("q"), ms(T0)).await.unwrap();
+        store.check_writable("t", ms(T0)).await.unwrap();
     }
 }

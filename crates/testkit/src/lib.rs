@@ -131,6 +131,55 @@ pub async fn postgres_available(url: &str) -> bool {
     false
 }
 
+/// A disk that stops taking writes, for the tests of store faults: while engaged, every write
+/// of this process to a regular file fails (`EFBIG`: the soft `RLIMIT_FSIZE` is lowered to one
+/// byte; `SIGXFSZ`, which would kill the process, is caught), as writes fail on a full or
+/// failing disk. Pipes and sockets (stderr, PostgreSQL) are not affected. Lifted on
+/// [`DiskFault::lift`] or drop.
+///
+/// The limit is process-wide: a test that engages it must be the only test of its test binary
+/// that writes files meanwhile (give it a file of its own, or serialise with a lock).
+#[cfg(unix)]
+#[derive(Debug)]
+pub struct DiskFault {
+    before: rustix::process::Rlimit,
+}
+
+#[cfg(unix)]
+impl DiskFault {
+    /// Engages the fault. Call inside a tokio runtime (the `SIGXFSZ` handler is tokio's).
+    ///
+    /// # Panics
+    /// When the limit cannot be set or the signal cannot be caught.
+    pub fn engage() -> Self {
+        use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+        // Registering a tokio handler replaces the default action (terminate) for good.
+        let sigxfsz =
+            tokio::signal::unix::SignalKind::from_raw(rustix::process::Signal::XFSZ.as_raw());
+        drop(tokio::signal::unix::signal(sigxfsz).expect("catch SIGXFSZ"));
+        let before = getrlimit(Resource::Fsize);
+        setrlimit(
+            Resource::Fsize,
+            Rlimit {
+                current: Some(1),
+                maximum: before.maximum,
+            },
+        )
+        .expect("lower RLIMIT_FSIZE");
+        Self { before }
+    }
+
+    /// Lifts the fault: writes succeed again.
+    pub fn lift(self) {}
+}
+
+#[cfg(unix)]
+impl Drop for DiskFault {
+    fn drop(&mut self) {
+        let _ = rustix::process::setrlimit(rustix::process::Resource::Fsize, self.before);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,7 @@ use metrics_exporter_prometheus::PrometheusBuilder;
 use redrive_http::HttpJob;
 use redrive_policy::StatusTable;
 use redrive_runtime::{Noop, Worker};
-use redrive_service::{AppConfig, ConnLimits, ServiceConfig, ServiceError};
+use redrive_service::{AppConfig, ConnLimits, ReadyCheck, ServiceConfig, ServiceError};
 use tokio_util::sync::CancellationToken;
 
 use crate::args::{Global, ServeArgs};
@@ -37,16 +37,34 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
         // `--workers N`: a worker pool over every queue in this process; without it the
         // service only enqueues and shows, and workers run elsewhere (`redrive work`).
         let stop = CancellationToken::new();
-        let workers = (a.workers > 0).then(|| {
+        let mut ready_checks = Vec::new();
+        let workers = if a.workers > 0 {
             let w = Worker::builder(store.clone(), Vec::new())
                 .handler("noop", Arc::new(Noop))
                 .handler("http", Arc::new(http))
                 .policies(set.clone())
                 .concurrency(a.workers as usize)
                 .build();
-            let stop = stop.clone();
-            tokio::spawn(async move { w.run(stop).await })
-        });
+            let health = w.health();
+            let run = {
+                let stop = stop.clone();
+                tokio::spawn(async move { w.run(stop).await })
+            };
+            // Ready only once the pool runs (it starts at once).
+            while !health.is_running() && !run.is_finished() {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            ready_checks.push(ReadyCheck::new("workers-stopped", move || {
+                if health.is_running() {
+                    Ok(())
+                } else {
+                    Err("the in-process worker pool (--workers) is not running: accepted jobs are not run by this process".into())
+                }
+            }));
+            Some(watch(run, stop.clone()))
+        } else {
+            None
+        };
         let config = ServiceConfig {
             addr,
             store,
@@ -62,6 +80,8 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
                     idle_timeout: a.idle_timeout,
                     max_connections: a.max_connections as usize,
                 },
+                idempotency_recovery_window: Some(a.idempotency_recovery_window),
+                ready_checks,
                 ..AppConfig::default()
             },
         };
@@ -82,7 +102,9 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
         let served = redrive_service::serve(config, shutdown).await;
         stop.cancel();
         if let Some(w) = workers {
-            w.await.context("the worker pool")??;
+            w.await
+                .context("the worker pool's watch")?
+                .context("the worker pool")??;
         }
         match served {
             Ok(()) => Ok(ExitCode::SUCCESS),
@@ -119,4 +141,32 @@ fn token(a: &ServeArgs) -> anyhow::Result<Option<String>> {
         )));
     }
     Ok(Some(first.to_owned()))
+}
+
+type PoolRun =
+    tokio::task::JoinHandle<Result<redrive_runtime::Summary, redrive_runtime::RuntimeError>>;
+
+/// Waits for the worker pool; if it ends before shutdown was asked for (it does not end on
+/// store faults, so this is a bug), says so loudly at once: the API still accepts jobs that
+/// this process no longer runs, and `/readyz` answers 503 from now on.
+fn watch(
+    run: PoolRun,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<
+    Result<Result<redrive_runtime::Summary, redrive_runtime::RuntimeError>, tokio::task::JoinError>,
+> {
+    tokio::spawn(async move {
+        let r = run.await;
+        if !stop.is_cancelled() {
+            let why = match &r {
+                Ok(Ok(s)) => format!("it ended after {} claims", s.finished()),
+                Ok(Err(e)) => format!("it failed: {e}"),
+                Err(e) => format!("it crashed: {e}"),
+            };
+            eprintln!(
+                "redrive: the worker pool stopped while serving ({why}); jobs are no longer run by this process and /readyz answers 503"
+            );
+        }
+        r
+    })
 }

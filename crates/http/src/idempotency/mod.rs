@@ -14,8 +14,10 @@
 //! out; by default ([`RecoveryMode::Explicit`]) a repeat then gets 409 `recovery-required`
 //! and is **not** run, because a second run could charge twice. Recovery is an explicit call
 //! ([`IdempotencyStore::recover`]) after reconciling with the PSP, or, for handlers built to
-//! resume from their recovery point with deterministic downstream keys,
-//! [`RecoveryMode::Resume`].
+//! resume from their recovery point with deterministic downstream keys (or whose handler is
+//! idempotent anyway, as the job store's enqueue is by job key), [`RecoveryMode::Resume`].
+//! [`IdempotencyStore::list`] with [`ListFilter::Stuck`] finds abandoned records, and
+//! [`release_stuck`] releases one so that its next request runs again.
 //!
 //! # Behaviour
 //! | situation | answer |
@@ -82,8 +84,9 @@ pub use key::{
 pub use layer::{IdempotencyCtx, IdempotencyLayer, IdempotencyService};
 pub use reaper::{DEFAULT_REAP_BATCH, DEFAULT_REAP_INTERVAL, reap_expired, spawn_reaper};
 pub use store::{
-    Acquired, ClaimOutcome, ClaimRequest, Clock, IdempotencyStore, LockToken, MIN_SQLITE_VERSION,
-    ManualClock, MemoryStore, PostgresStore, RECOVERY_POINT_FINISHED, RECOVERY_POINT_STARTED,
-    ReapReport, RecordId, RecordInfo, RecordState, Recovery, SqliteStore, StoreFuture,
-    StoredResponse, SystemClock, TABLE,
+    Acquired, ClaimOutcome, ClaimRequest, Clock, IdempotencyStore, ListFilter, ListRequest,
+    ListedRecord, LockToken, MAX_LIST, MIN_SQLITE_VERSION, ManualClock, MemoryStore, PostgresStore,
+    RECOVERY_POINT_FINISHED, RECOVERY_POINT_STARTED, ReapReport, RecordId, RecordInfo, RecordState,
+    Recovery, ReleaseOutcome, SqliteStore, StoreFuture, StoredResponse, SystemClock, TABLE,
+    release_stuck,
 };

@@ -9,8 +9,8 @@ use axum::http::{HeaderValue, Request, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use redrive_http::idempotency::{
-    ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyStore, LockToken, RecordState, Recovery,
-    RecoveryMode, Scope, StoredResponse, reap_expired,
+    ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyStore, ListFilter, ListRequest, LockToken,
+    RecordId, RecordState, Recovery, RecoveryMode, Scope, StoredResponse, reap_expired,
 };
 
 use super::*;
@@ -895,4 +895,162 @@ pub async fn store_5xx_opt_in(b: &Backend) {
     assert_eq!(again.status, StatusCode::INTERNAL_SERVER_ERROR);
     assert!(again.replayed());
     assert_eq!(c.started(), 1);
+}
+
+/// The operator's listing: by id, filtered (a stuck record is one whose holder vanished),
+/// by scope, in pages; a recovered record is no longer stuck.
+pub async fn t30_list_filters_pages_and_recovery(b: &Backend) {
+    let (app, _c) = app(builder(b.store()).build().unwrap());
+    let done = send(&app, post_req(Some("k-t30-done"), BODY)).await;
+    assert_eq!(done.status, StatusCode::CREATED);
+    let crashed = crash_after_effect(b.reopen().await, "k-t30-stuck", false).await;
+    assert_eq!(crashed.effects(), 1);
+    let store = b.store();
+    let keys = |v: Vec<redrive_http::idempotency::ListedRecord>| -> Vec<String> {
+        v.into_iter().map(|l| l.key).collect()
+    };
+    let list = |filter: ListFilter| ListRequest {
+        filter,
+        limit: 100,
+        ..Default::default()
+    };
+    // While the crashed run's lease is live it is in progress, not stuck.
+    assert_eq!(
+        keys(store.list(&list(ListFilter::InProgress)).await.unwrap()),
+        ["k-t30-stuck"]
+    );
+    assert!(
+        store
+            .list(&list(ListFilter::Stuck))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    b.wait(SHORT_LEASE + Duration::from_millis(200)).await;
+    let stuck = store.list(&list(ListFilter::Stuck)).await.unwrap();
+    assert_eq!(stuck.len(), 1);
+    assert_eq!(stuck[0].key, "k-t30-stuck");
+    assert_eq!(stuck[0].scope, "default");
+    assert!(stuck[0].info.is_abandoned());
+    assert_eq!(stuck[0].info.path, "/charges");
+    assert!(stuck[0].created_at <= stuck[0].last_run_at);
+    let age = std::time::SystemTime::now()
+        .duration_since(stuck[0].created_at)
+        .unwrap_or_default();
+    assert!(age < Duration::from_secs(3600), "created just now: {age:?}");
+    assert_eq!(
+        keys(store.list(&list(ListFilter::Completed)).await.unwrap()),
+        ["k-t30-done"]
+    );
+    // Every record, in id order, one page at a time.
+    let all = store.list(&list(ListFilter::All)).await.unwrap();
+    assert_eq!(keys(all.clone()), ["k-t30-done", "k-t30-stuck"]);
+    let first = store
+        .list(&ListRequest {
+            limit: 1,
+            ..list(ListFilter::All)
+        })
+        .await
+        .unwrap();
+    assert_eq!(keys(first.clone()), ["k-t30-done"]);
+    let second = store
+        .list(&ListRequest {
+            limit: 1,
+            after: Some(first[0].info.id),
+            ..list(ListFilter::All)
+        })
+        .await
+        .unwrap();
+    assert_eq!(keys(second.clone()), ["k-t30-stuck"]);
+    let third = store
+        .list(&ListRequest {
+            after: Some(second[0].info.id),
+            ..list(ListFilter::All)
+        })
+        .await
+        .unwrap();
+    assert!(third.is_empty());
+    let other_scope = store
+        .list(&ListRequest {
+            scope: Some("someone-else".into()),
+            ..list(ListFilter::All)
+        })
+        .await
+        .unwrap();
+    assert!(other_scope.is_empty());
+    let after_all = store
+        .list(&ListRequest {
+            after: Some(RecordId(i64::MAX)),
+            ..list(ListFilter::All)
+        })
+        .await
+        .unwrap();
+    assert!(after_all.is_empty());
+    // Recovered: no longer stuck.
+    assert!(
+        store
+            .recover("default", "k-t30-stuck", &Recovery::Release)
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .list(&list(ListFilter::Stuck))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        keys(store.list(&list(ListFilter::InProgress)).await.unwrap()),
+        ["k-t30-stuck"],
+        "released, still without a response"
+    );
+}
+
+/// The operator's release of a stuck key: refused for a missing, completed or running key;
+/// a stuck one is released and its next request runs again.
+pub async fn t31_release_stuck(b: &Backend) {
+    use redrive_http::idempotency::{ReleaseOutcome, release_stuck};
+    let store = b.store();
+    assert_eq!(
+        release_stuck(&*store, "default", "k-t31-none")
+            .await
+            .unwrap(),
+        ReleaseOutcome::NotFound
+    );
+    let (app, c) = app(short(b.store()).build().unwrap());
+    send(&app, post_req(Some("k-t31-done"), BODY)).await;
+    assert_eq!(
+        release_stuck(&*store, "default", "k-t31-done")
+            .await
+            .unwrap(),
+        ReleaseOutcome::Completed
+    );
+    let crashed = crash_after_effect(b.reopen().await, "k-t31-stuck", false).await;
+    assert_eq!(crashed.effects(), 1);
+    assert_eq!(
+        release_stuck(&*store, "default", "k-t31-stuck")
+            .await
+            .unwrap(),
+        ReleaseOutcome::Running,
+        "its lease is still live"
+    );
+    b.wait(SHORT_LEASE + Duration::from_millis(200)).await;
+    send(&app, post_req(Some("k-t31-stuck"), BODY))
+        .await
+        .assert_problem(409, "recovery-required");
+    match release_stuck(&*store, "default", "k-t31-stuck")
+        .await
+        .unwrap()
+    {
+        ReleaseOutcome::Released(info) => {
+            assert!(!info.held && !info.locked);
+            assert_eq!(info.state, RecordState::InProgress);
+        }
+        other => panic!("expected a release, got {other:?}"),
+    }
+    let started = c.started();
+    let again = send(&app, post_req(Some("k-t31-stuck"), BODY)).await;
+    assert_eq!(again.status, StatusCode::CREATED);
+    assert_eq!(c.started(), started + 1, "the released key runs again");
 }

@@ -15,8 +15,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use redrive_http::idempotency::{
     ClaimOutcome, ClaimRequest, IdempotencyCtx, IdempotencyLayer, IdempotencyLayerBuilder,
-    IdempotencyStore, LockToken, ManualClock, MemoryStore, PostgresStore, ReapReport, RecordId,
-    RecordInfo, Recovery, SqliteStore, StoreError, StoreFuture, StoredResponse,
+    IdempotencyStore, ListRequest, ListedRecord, LockToken, ManualClock, MemoryStore,
+    PostgresStore, ReapReport, RecordId, RecordInfo, Recovery, SqliteStore, StoreError,
+    StoreFuture, StoredResponse,
 };
 use tower::ServiceExt;
 
@@ -523,5 +524,8 @@ impl IdempotencyStore for Faulty {
     }
     fn reap(&self, batch: u32) -> StoreFuture<'_, ReapReport> {
         self.down().unwrap_or_else(|| self.inner.reap(batch))
+    }
+    fn list<'a>(&'a self, request: &'a ListRequest) -> StoreFuture<'a, Vec<ListedRecord>> {
+        self.down().unwrap_or_else(|| self.inner.list(request))
     }
 }

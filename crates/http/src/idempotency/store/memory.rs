@@ -5,9 +5,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use super::{
-    Acquired, ClaimOutcome, ClaimRequest, Clock, IdempotencyStore, LockToken,
-    RECOVERY_POINT_FINISHED, RECOVERY_POINT_STARTED, ReapReport, RecordId, RecordInfo, RecordState,
-    Recovery, StoreFuture, StoredResponse, SystemClock,
+    Acquired, ClaimOutcome, ClaimRequest, Clock, IdempotencyStore, ListFilter, ListRequest,
+    ListedRecord, LockToken, RECOVERY_POINT_FINISHED, RECOVERY_POINT_STARTED, ReapReport, RecordId,
+    RecordInfo, RecordState, Recovery, StoreFuture, StoredResponse, SystemClock,
 };
 
 #[derive(Debug, Clone)]
@@ -22,6 +22,28 @@ struct Record {
     attempts: u32,
     response: Option<StoredResponse>,
     expires_at: SystemTime,
+    created_at: SystemTime,
+    last_run_at: SystemTime,
+}
+
+impl Record {
+    fn info(&self, now: SystemTime) -> RecordInfo {
+        RecordInfo {
+            id: RecordId(self.id),
+            state: if self.response.is_some() {
+                RecordState::Completed
+            } else {
+                RecordState::InProgress
+            },
+            method: self.method.clone(),
+            path: self.path.clone(),
+            recovery_point: self.recovery_point.clone(),
+            attempts: self.attempts,
+            locked: self.locked_until.is_some_and(|u| u > now),
+            held: self.token.is_some(),
+            response_status: self.response.as_ref().map(|s| s.status),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -93,6 +115,8 @@ impl MemoryStore {
                     attempts: 1,
                     response: None,
                     expires_at: now + req.retention,
+                    created_at: now,
+                    last_run_at: now,
                 },
             );
             return ClaimOutcome::Acquired(Acquired {
@@ -119,6 +143,7 @@ impl MemoryStore {
         }
         rec.token = Some(req.token);
         rec.locked_until = Some(now + req.lease);
+        rec.last_run_at = now;
         rec.attempts += 1;
         ClaimOutcome::Acquired(Acquired {
             id: RecordId(rec.id),
@@ -211,21 +236,7 @@ impl IdempotencyStore for MemoryStore {
         let info = inner
             .records
             .get(&(scope.to_owned(), key.to_owned()))
-            .map(|r| RecordInfo {
-                id: RecordId(r.id),
-                state: if r.response.is_some() {
-                    RecordState::Completed
-                } else {
-                    RecordState::InProgress
-                },
-                method: r.method.clone(),
-                path: r.path.clone(),
-                recovery_point: r.recovery_point.clone(),
-                attempts: r.attempts,
-                locked: r.locked_until.is_some_and(|u| u > now),
-                held: r.token.is_some(),
-                response_status: r.response.as_ref().map(|s| s.status),
-            });
+            .map(|r| r.info(now));
         ready(info)
     }
 
@@ -289,5 +300,34 @@ impl IdempotencyStore for MemoryStore {
             report.deleted += 1;
         }
         ready(report)
+    }
+
+    fn list<'a>(&'a self, request: &'a ListRequest) -> StoreFuture<'a, Vec<ListedRecord>> {
+        let now = self.now();
+        let inner = self.lock();
+        let after = request.after.map_or(0, |a| a.0);
+        let mut out: Vec<ListedRecord> = inner
+            .records
+            .iter()
+            .filter(|((scope, _), r)| {
+                r.id > after && request.scope.as_ref().is_none_or(|s| s == scope)
+            })
+            .map(|((scope, key), r)| ListedRecord {
+                scope: scope.clone(),
+                key: key.clone(),
+                info: r.info(now),
+                created_at: r.created_at,
+                last_run_at: r.last_run_at,
+            })
+            .filter(|l| match request.filter {
+                ListFilter::All => true,
+                ListFilter::InProgress => l.info.state == RecordState::InProgress,
+                ListFilter::Completed => l.info.state == RecordState::Completed,
+                ListFilter::Stuck => l.info.is_abandoned(),
+            })
+            .collect();
+        out.sort_by_key(|l| l.info.id);
+        out.truncate(request.effective_limit() as usize);
+        ready(out)
     }
 }

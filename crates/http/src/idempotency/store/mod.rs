@@ -163,6 +163,136 @@ impl RecordInfo {
     }
 }
 
+/// Which records [`IdempotencyStore::list`] returns.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ListFilter {
+    /// Every record.
+    #[default]
+    All,
+    /// Records without a stored response (running, released or abandoned).
+    InProgress,
+    /// Abandoned records ([`RecordInfo::is_abandoned`]): in progress and held by a token
+    /// whose lease ran out, because the holder vanished between its claim and storing the
+    /// response (a crash, a kill). They answer 409 `recovery-required` in
+    /// [`RecoveryMode::Explicit`](super::RecoveryMode::Explicit) until recovered.
+    Stuck,
+    /// Records with a stored response.
+    Completed,
+}
+
+impl ListFilter {
+    /// The filter's name: `all`, `in_progress`, `stuck`, `completed`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::All => "all",
+            Self::InProgress => "in_progress",
+            Self::Stuck => "stuck",
+            Self::Completed => "completed",
+        }
+    }
+
+    /// Every filter, in the order of [`ListFilter::as_str`]'s documentation.
+    pub const ALL: [ListFilter; 4] = [Self::All, Self::InProgress, Self::Stuck, Self::Completed];
+}
+
+impl std::str::FromStr for ListFilter {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|f| f.as_str() == s)
+            .ok_or_else(|| format!("{s:?} is not one of all, in_progress, stuck, completed"))
+    }
+}
+
+/// The most records one [`IdempotencyStore::list`] call returns.
+pub const MAX_LIST: u32 = 1000;
+
+/// One page of [`IdempotencyStore::list`]: records by id.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListRequest {
+    /// Which records.
+    pub filter: ListFilter,
+    /// Only this scope (`None`: every scope).
+    pub scope: Option<String>,
+    /// Only records with a larger id (the last id of the previous page).
+    pub after: Option<RecordId>,
+    /// At most this many (1 to [`MAX_LIST`]; 0 counts as 1, more as [`MAX_LIST`]).
+    pub limit: u32,
+}
+
+impl ListRequest {
+    /// The limit as applied.
+    #[must_use]
+    pub fn effective_limit(&self) -> u32 {
+        self.limit.clamp(1, MAX_LIST)
+    }
+}
+
+/// A record as listed for operators: its scope and key with what [`RecordInfo`] says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedRecord {
+    /// The scope the key belongs to.
+    pub scope: String,
+    /// The idempotency key.
+    pub key: String,
+    /// The record.
+    pub info: RecordInfo,
+    /// When the first request claimed it.
+    pub created_at: SystemTime,
+    /// When its last run started (the first request, or the last take-over).
+    pub last_run_at: SystemTime,
+}
+
+/// A time stored as unix milliseconds.
+pub(crate) fn from_unix_ms(ms: i64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+/// One row of a listing.
+pub(crate) type ListRow = (
+    i64,         // id
+    String,      // scope
+    String,      // key
+    String,      // state
+    String,      // method
+    String,      // path
+    String,      // recovery_point
+    i32,         // attempts
+    bool,        // live lease
+    bool,        // token set
+    Option<i32>, // response_status
+    i64,         // created_at, unix ms
+    i64,         // last_run_at, unix ms
+);
+
+pub(crate) fn listed_from_row(row: ListRow) -> Result<ListedRecord, StoreError> {
+    let (id, scope, key, state, method, path, rp, attempts, locked, held, status, created, run) =
+        row;
+    Ok(ListedRecord {
+        scope,
+        key,
+        info: info_from_row((id, state, method, path, rp, attempts, locked, held, status))?,
+        created_at: from_unix_ms(created),
+        last_run_at: from_unix_ms(run),
+    })
+}
+
+/// The `WHERE` condition of a filter, given the SQL of "the lease is live".
+pub(crate) fn filter_sql(filter: ListFilter, live: &str) -> String {
+    match filter {
+        ListFilter::All => "TRUE".to_owned(),
+        ListFilter::InProgress => "state = 'in_progress'".to_owned(),
+        ListFilter::Completed => "state = 'completed'".to_owned(),
+        ListFilter::Stuck => {
+            format!("state = 'in_progress' AND lock_token IS NOT NULL AND NOT ({live})")
+        }
+    }
+}
+
 /// The explicit recovery of an in-progress record whose lease is not live.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -235,6 +365,56 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
 
     /// Deletes up to `batch` completed records past their expiry and counts stuck ones.
     fn reap(&self, batch: u32) -> StoreFuture<'_, ReapReport>;
+
+    /// A page of records by id, for operators (`redrive idempotency list`, and the stuck
+    /// ones to [`recover`](Self::recover)).
+    fn list<'a>(&'a self, request: &'a ListRequest) -> StoreFuture<'a, Vec<ListedRecord>>;
+}
+
+/// What [`release_stuck`] found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReleaseOutcome {
+    /// Released (or already without a holder): the next request with the key runs again.
+    /// The record as it is now.
+    Released(RecordInfo),
+    /// No record has this key.
+    NotFound,
+    /// A response is stored: nothing to recover (a repeat gets the replay).
+    Completed,
+    /// A holder's lease is live: the first request is still running.
+    Running,
+}
+
+/// The operator's recovery of a stuck key (`redrive idempotency recover`): releases the record
+/// of `(scope, key)` unless it completed or its holder's lease is live, so that the next
+/// request with the key runs again (it sees the stored recovery point). Only for routes whose
+/// handler may run twice (the job store's enqueue, idempotent by job key) or after the first
+/// run's effect was reconciled.
+///
+/// # Errors
+/// The store's.
+pub async fn release_stuck(
+    store: &dyn IdempotencyStore,
+    scope: &str,
+    key: &str,
+) -> Result<ReleaseOutcome, StoreError> {
+    let judge = |info: Option<RecordInfo>| match info {
+        None => Err(ReleaseOutcome::NotFound),
+        Some(i) if i.state == RecordState::Completed => Err(ReleaseOutcome::Completed),
+        Some(i) if i.locked => Err(ReleaseOutcome::Running),
+        Some(i) => Ok(i),
+    };
+    if let Err(outcome) = judge(store.get(scope, key).await?) {
+        return Ok(outcome);
+    }
+    let released = store.recover(scope, key, &Recovery::Release).await?;
+    // Read again: what the record is now (or, if another request took it meanwhile, why not).
+    match judge(store.get(scope, key).await?) {
+        Ok(info) if released => Ok(ReleaseOutcome::Released(info)),
+        Ok(_) => Ok(ReleaseOutcome::Running),
+        Err(outcome) => Ok(outcome),
+    }
 }
 
 /// Wall-clock time for the in-memory store (the SQL stores use the database clock).

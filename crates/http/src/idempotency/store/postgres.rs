@@ -7,8 +7,9 @@ use sqlx::postgres::{PgArguments, PgPool};
 
 use super::{
     Acquired, ClaimOutcome, ClaimRequest, Existing, ExistingRow, IdempotencyStore, InfoRow,
-    LockToken, ReapReport, RecordId, RecordInfo, Recovery, StoreFuture, StoredResponse,
-    attempts_u32, classify, headers_to_json, info_from_row, millis,
+    ListRequest, ListRow, ListedRecord, LockToken, ReapReport, RecordId, RecordInfo, Recovery,
+    StoreFuture, StoredResponse, attempts_u32, classify, filter_sql, headers_to_json,
+    info_from_row, listed_from_row, millis,
 };
 use crate::idempotency::error::StoreError;
 
@@ -77,6 +78,14 @@ const STUCK: &str = "SELECT COUNT(*) FILTER (WHERE expires_at <= now()), \
      COUNT(*) FILTER (WHERE lock_token IS NOT NULL AND locked_until <= now()) \
      FROM idempotency_keys WHERE state = 'in_progress'";
 
+/// The listing of `redrive idempotency list`, with the filter's condition in `{filter}`.
+const LIST: &str = "SELECT id, scope, idem_key, state, request_method, request_path, recovery_point, attempts, \
+     (locked_until IS NOT NULL AND locked_until > now()), lock_token IS NOT NULL, response_status, \
+     (EXTRACT(EPOCH FROM created_at) * 1000)::bigint, (EXTRACT(EPOCH FROM last_run_at) * 1000)::bigint \
+     FROM idempotency_keys WHERE id > $1 AND ($2::text IS NULL OR scope = $2) AND ({filter}) \
+     ORDER BY id LIMIT $3";
+const LIVE: &str = "locked_until IS NOT NULL AND locked_until > now()";
+
 /// Opens and closes one connection: a pool that cannot connect only reports, after its
 /// acquire timeout, that it timed out; this reports why (refused, unknown host, no such
 /// role or database), at once.
@@ -113,7 +122,9 @@ impl PostgresStore {
     /// [`StoreError::Database`] when the server cannot be reached.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         first_connection(url).await?;
-        let pool = PgPool::connect(url)
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .after_release(|conn, _| Box::pin(redrive_store::release_if_clean(conn)))
+            .connect(url)
             .await
             .map_err(StoreError::db("connect"))?;
         Ok(Self { pool })
@@ -158,6 +169,7 @@ impl PostgresStore {
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(10))
+            .after_release(|conn, _| Box::pin(redrive_store::release_if_clean(conn)))
             .after_connect(move |conn, _meta| {
                 let set = set.clone();
                 Box::pin(async move {
@@ -395,6 +407,20 @@ impl IdempotencyStore for PostgresStore {
                 expired_in_progress: u64::try_from(expired).unwrap_or(0),
                 abandoned: u64::try_from(abandoned).unwrap_or(0),
             })
+        })
+    }
+
+    fn list<'a>(&'a self, request: &'a ListRequest) -> StoreFuture<'a, Vec<ListedRecord>> {
+        Box::pin(async move {
+            let sql = LIST.replace("{filter}", &filter_sql(request.filter, LIVE));
+            let rows: Vec<ListRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                .bind(request.after.map_or(0, |a| a.0))
+                .bind(request.scope.as_deref())
+                .bind(i64::from(request.effective_limit()))
+                .fetch_all(&self.pool)
+                .await
+                .map_err(StoreError::db("list"))?;
+            rows.into_iter().map(listed_from_row).collect()
         })
     }
 }

@@ -13,8 +13,9 @@ use sqlx::sqlite::{
 
 use super::{
     Acquired, ClaimOutcome, ClaimRequest, Existing, ExistingRow, IdempotencyStore, InfoRow,
-    LockToken, ReapReport, RecordId, RecordInfo, Recovery, StoreFuture, StoredResponse,
-    attempts_u32, classify, headers_to_json, info_from_row, millis,
+    ListRequest, ListRow, ListedRecord, LockToken, ReapReport, RecordId, RecordInfo, Recovery,
+    StoreFuture, StoredResponse, attempts_u32, classify, filter_sql, headers_to_json,
+    info_from_row, listed_from_row, millis,
 };
 use crate::idempotency::error::StoreError;
 
@@ -150,6 +151,17 @@ const STUCK: &str = concat!(
     "FROM idempotency_keys WHERE state = 'in_progress'"
 );
 
+/// The listing of `redrive idempotency list`, with the filter's condition in `{filter}`.
+const LIST: &str = concat!(
+    "SELECT id, scope, idem_key, state, request_method, request_path, recovery_point, attempts, ",
+    "(locked_until IS NOT NULL AND locked_until > ",
+    now_ms!(),
+    "), lock_token IS NOT NULL, response_status, created_at, last_run_at ",
+    "FROM idempotency_keys WHERE id > ?1 AND (?2 IS NULL OR scope = ?2) AND ({filter}) ",
+    "ORDER BY id LIMIT ?3"
+);
+const LIVE: &str = concat!("locked_until IS NOT NULL AND locked_until > ", now_ms!());
+
 /// Idempotency records in SQLite.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
@@ -177,6 +189,7 @@ impl SqliteStore {
             .busy_timeout(Duration::from_secs(5));
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
+            .after_release(|conn, _| Box::pin(redrive_store::release_if_clean(conn)))
             .connect_with(options)
             .await
             .map_err(StoreError::db("connect"))?;
@@ -421,6 +434,20 @@ impl IdempotencyStore for SqliteStore {
                 expired_in_progress: u64::try_from(expired).unwrap_or(0),
                 abandoned: u64::try_from(abandoned).unwrap_or(0),
             })
+        })
+    }
+
+    fn list<'a>(&'a self, request: &'a ListRequest) -> StoreFuture<'a, Vec<ListedRecord>> {
+        Box::pin(async move {
+            let sql = LIST.replace("{filter}", &filter_sql(request.filter, LIVE));
+            let rows: Vec<ListRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                .bind(request.after.map_or(0, |a| a.0))
+                .bind(request.scope.as_deref())
+                .bind(i64::from(request.effective_limit()))
+                .fetch_all(&self.pool)
+                .await
+                .map_err(StoreError::db("list"))?;
+            rows.into_iter().map(listed_from_row).collect()
         })
     }
 }
