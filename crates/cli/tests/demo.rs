@@ -115,7 +115,7 @@ fn two_thousand_charges_through_a_bad_day_are_each_made_exactly_once() {
     assert!(n(&r, "/psp/requests_by_status/503") > 0, "{r:#}");
     assert!(n(&r, "/attempts_by_class/timeout") > 0);
     // The breaker opened during the outage; no request was let through while it was open,
-    // and the probes were at most 3 (its probe limit) per half-open round.
+    // and the probes were at most 5 (the half-open group's size) per half-open round.
     let transitions = r["breaker_transitions"].as_array().unwrap();
     let opened = transitions
         .iter()
@@ -128,17 +128,17 @@ fn two_thousand_charges_through_a_bad_day_are_each_made_exactly_once() {
         .count() as u64;
     let probes = n(&r, "/probes_sent");
     assert!(
-        probes >= 1 && probes <= 3 * rounds,
+        probes >= 1 && probes <= 5 * rounds,
         "{probes} probes in {rounds} rounds"
     );
     // No retry came before the Retry-After it was answered with.
     assert_eq!(n(&r, "/retries_before_retry_after"), 0);
-    // The PSP's load against its limit (generous bounds for now).
+    // The PSP's load against its limit: generous bounds (the figures are in the benchmark).
     assert_eq!(x(&r, "/psp_load/limit_rps"), 80.0);
     let peak = x(&r, "/psp_load/peak_ratio");
-    assert!(peak > 0.0 && peak <= 8.0, "{:#}", r["psp_load"]);
+    assert!(peak > 0.0 && peak <= 4.0, "{:#}", r["psp_load"]);
     let share = x(&r, "/psp_load/share_429");
-    assert!(share > 0.0 && share <= 0.2, "{:#}", r["psp_load"]);
+    assert!(share > 0.0 && share <= 0.1, "{:#}", r["psp_load"]);
     // At least the 5 s outage plus 2,000 charges at 80/s.
     let minimum = x(&r, "/psp_load/minimum_seconds");
     assert!(minimum >= 5.0 + 2000.0 / 80.0, "{:#}", r["psp_load"]);
