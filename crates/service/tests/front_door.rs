@@ -810,5 +810,5 @@ fn the_openapi_document_lists_the_front_door_answers() {
             }
         }
     }
-    assert_eq!(writes, 3, "POST /v1/jobs, replay, cancel");
+    assert_eq!(writes, 4, "POST /v1/jobs, replay, cancel, idempotency recover");
 }
