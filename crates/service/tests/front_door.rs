@@ -810,5 +810,8 @@ fn the_openapi_document_lists_the_front_door_answers() {
             }
         }
     }
-    assert_eq!(writes, 4, "POST /v1/jobs, replay, cancel, idempotency recover");
+    assert_eq!(
+        writes, 4,
+        "POST /v1/jobs, replay, cancel, idempotency recover"
+    );
 }
