@@ -77,12 +77,14 @@ start_serve() {
   local name="$1"
   shift
   local log="$WORK/$name-serve.log"
+  # Made here, not by the background job's redirection: the loop below may read it first.
+  : >"$log"
   "$BIN" --db "sqlite:$WORK/$name.db" serve --addr 127.0.0.1:0 --workers 1 "$@" \
     >"$log" 2>&1 </dev/null &
   SERVE_PID=$!
   PORT=""
   for _ in $(seq 1 100); do
-    PORT="$(sed -n 's#^listening on http://127\.0\.0\.1:\([0-9][0-9]*\).*#\1#p' "$log" | head -n1)"
+    PORT="$(sed -n 's#^listening on http://127\.0\.0\.1:\([0-9][0-9]*\).*#\1#p' "$log" | head -n1 || true)"
     [ -n "$PORT" ] && break
     if ! kill -0 "$SERVE_PID" 2>/dev/null; then
       echo "schemathesis.sh: serve exited before listening:" >&2
