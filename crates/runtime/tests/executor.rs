@@ -120,7 +120,7 @@ async fn transient_failures_are_retried_in_process_with_the_same_key() {
 }
 
 #[tokio::test]
-async fn permanent_goes_dead_at_once_and_unknown_kind_too() {
+async fn permanent_goes_dead_at_once_and_an_unknown_kind_is_left_alone() {
     let (s, _d) = store().await;
     let a = s
         .enqueue(&NewJob::new("q", "decline", json!({})), chrono::Utc::now())
@@ -134,29 +134,26 @@ async fn permanent_goes_dead_at_once_and_unknown_kind_too() {
         .unwrap()
         .job
         .id;
-    let sum = Worker::builder(s.clone(), vec!["q".into()])
+    let worker = Worker::builder(s.clone(), vec!["q".into()])
         .handler("decline", Arc::new(Fixed(Outcome::Permanent)))
-        .build()
-        .run_until_idle()
-        .await
-        .unwrap();
-    assert_eq!(sum.dead, 2);
-    for id in [a, b] {
-        let j = s.get(id).await.unwrap().unwrap();
-        assert_eq!(
-            (j.state, j.dead_reason.as_deref()),
-            (JobState::Dead, Some("permanent"))
-        );
-    }
-    assert!(
-        s.get(b)
-            .await
-            .unwrap()
-            .unwrap()
-            .last_error
-            .unwrap()
-            .contains("no handler")
+        .build();
+    assert_eq!(worker.kinds(), redrive_store::Kinds::only(["decline"]));
+    let sum = worker.run_until_idle().await.unwrap();
+    assert_eq!((sum.dead, sum.attempts), (1, 1));
+    let j = s.get(a).await.unwrap().unwrap();
+    assert_eq!(
+        (j.state, j.dead_reason.as_deref()),
+        (JobState::Dead, Some("permanent"))
     );
+    // A kind this worker has no handler for is not claimed: no lease, no attempt.
+    let j = s.get(b).await.unwrap().unwrap();
+    assert_eq!(
+        (j.state, j.attempts, j.lease_token, j.lease_owner),
+        (JobState::Available, 0, 0, None)
+    );
+    assert!(s.attempts(b).await.unwrap().is_empty());
+    // The run registered the worker and removed it when it ended.
+    assert!(s.workers(chrono::Utc::now()).await.unwrap().is_empty());
 }
 
 #[tokio::test]
