@@ -270,3 +270,51 @@ async fn an_idle_worker_starts_a_scheduled_job_at_its_run_at_not_at_the_next_pol
         JobState::Scheduled
     );
 }
+
+/// Polls until `f` holds (the worker beats on its own schedule).
+async fn eventually<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..1000 {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("never: {what}");
+}
+
+#[tokio::test]
+async fn a_running_worker_is_registered_comes_back_after_deletion_and_leaves_on_stop() {
+    let (s, _d) = store().await;
+    let worker = Worker::builder(s.clone(), vec!["payments".into(), "refunds".into()])
+        .handler("noop", Arc::new(Noop))
+        .handler("charge", Arc::new(Noop))
+        .name("reg-test")
+        .concurrency(3)
+        .registry_heartbeat(std::time::Duration::from_millis(20))
+        .build();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn({
+        let (w, stop) = (worker.clone(), stop.clone());
+        async move { w.run(stop).await }
+    });
+    let live = || async { s.workers(chrono::Utc::now()).await.unwrap() };
+    eventually("registered", || async { !live().await.is_empty() }).await;
+    let w = live().await.remove(0);
+    assert_eq!(w.name, "reg-test");
+    assert_eq!(w.pid, std::process::id());
+    assert_eq!(w.queues, ["payments", "refunds"]);
+    assert_eq!(w.kinds, redrive_store::Kinds::only(["charge", "noop"]));
+    assert_eq!(w.concurrency, 3);
+    assert!(!w.host.is_empty());
+    // Its row deleted (as if it had been found stale): the next beat registers it again.
+    assert!(s.unregister_worker("reg-test").await.unwrap());
+    eventually("registered again", || async { !live().await.is_empty() }).await;
+    // A clean stop removes it.
+    stop.cancel();
+    run.await.unwrap().unwrap();
+    assert!(live().await.is_empty());
+}

@@ -183,16 +183,24 @@ impl Store {
         Ok(n == 1)
     }
 
-    /// The live workers, by name: first deletes the rows not seen for
-    /// [`WORKER_STALE_AFTER`] before `now`.
+    /// The live workers, by name. Rows not seen for [`WORKER_STALE_AFTER`] before `now` are
+    /// left out and deleted (a write only when there are such rows: the dashboard reads this
+    /// every few seconds).
     pub async fn workers(&self, now: Timestamp) -> Result<Vec<WorkerInfo>> {
         let cutoff = millis(now).saturating_sub(crate::model::dur_ms(WORKER_STALE_AFTER));
         let q = format!("SELECT {WORKER_COLS} FROM redrive_workers ORDER BY name");
         let rows: Vec<WorkerRow> = on_pool!(self, pool => {
-            sqlx::query(EXPIRE).bind(cutoff).execute(pool).await?;
             sqlx::query_as(sqlx::AssertSqlSafe(q)).fetch_all(pool).await?
         });
-        rows.into_iter().map(WorkerRow::into_info).collect()
+        let (live, stale): (Vec<WorkerRow>, Vec<WorkerRow>) =
+            rows.into_iter().partition(|r| r.last_seen >= cutoff);
+        if !stale.is_empty() {
+            // A worker that beat meanwhile has a newer last_seen: the cutoff spares it.
+            on_pool!(self, pool => {
+                sqlx::query(EXPIRE).bind(cutoff).execute(pool).await?;
+            });
+        }
+        live.into_iter().map(WorkerRow::into_info).collect()
     }
 
     /// Waiting jobs (scheduled, available, deferred) per queue and kind that no live worker
