@@ -310,6 +310,13 @@ pub(crate) fn parse_list(query: Option<&str>, empty_is_any: bool) -> Result<List
                 );
             }
             "queue" if !v.is_empty() => p.queue = Some(v.into_owned()),
+            "key" if v.len() > redrive_store::MAX_NAME_LEN => {
+                return Err(ApiError::bad_field(
+                    "key",
+                    &v,
+                    "key is at most 255 bytes (no job has a longer one)",
+                ));
+            }
             "key" if !v.is_empty() => p.key = Some(v.into_owned()),
             "key" if !empty_is_any => {
                 return Err(ApiError::bad_field("key", "", "key must not be empty"));

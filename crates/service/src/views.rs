@@ -275,6 +275,7 @@ pub struct ListQuery {
     /// Only jobs of this queue.
     pub queue: Option<String>,
     /// Only the jobs with this idempotency key (at most one per queue).
+    #[param(min_length = 1, max_length = 255)]
     pub key: Option<String>,
     /// At most this many (1..=1000, default 50).
     #[param(minimum = 1, maximum = 1000)]

@@ -840,6 +840,9 @@ async fn jobs_by_key_and_unknown_query_parameters() {
     send(&app, get("/v1/jobs?key="))
         .await
         .assert_problem(400, "key");
+    send(&app, get(&format!("/v1/jobs?key={}", "k".repeat(256))))
+        .await
+        .assert_problem(400, "key");
     // Unknown parameters: 400 naming the parameter (they used to be ignored silently).
     for (uri, field) in [
         ("/v1/jobs?kye=order-4711", "kye"),
