@@ -87,8 +87,10 @@ pub(crate) enum Command {
     Dead(DeadCommand),
     /// Cancel a job that has not finished.
     Cancel(CancelArgs),
-    /// Counts per queue and state, and breakers.
+    /// Counts per queue and state, breakers, and jobs waiting for a kind no live worker runs.
     Stats(JsonArgs),
+    /// The live workers of the fleet: host, pid, queues, kinds, concurrency, last seen.
+    Workers(JsonArgs),
     /// Circuit breakers per dependency.
     Breakers(JsonArgs),
     /// Retry policies.
@@ -211,6 +213,10 @@ pub(crate) struct WorkArgs {
     /// Queues to work (repeatable); default: every queue.
     #[arg(long = "queue")]
     pub(crate) queues: Vec<String>,
+    /// Kinds to run (repeatable): `noop`, `http`; default: both. Jobs of other kinds are not
+    /// claimed: they wait for a worker that runs them.
+    #[arg(long = "kind", value_name = "KIND")]
+    pub(crate) kinds: Vec<String>,
     /// Jobs run at once.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub(crate) concurrency: u32,
@@ -242,6 +248,9 @@ pub(crate) struct JobsArgs {
     /// Only jobs of this queue.
     #[arg(long)]
     pub(crate) queue: Option<String>,
+    /// Only the jobs with this idempotency key (one per queue at most).
+    #[arg(long)]
+    pub(crate) key: Option<String>,
     /// At most this many jobs.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub(crate) limit: u32,
@@ -255,9 +264,17 @@ pub(crate) struct JobsArgs {
 
 /// `redrive show`.
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["id", "key"])))]
 pub(crate) struct ShowArgs {
     /// Job id.
-    pub(crate) id: i64,
+    pub(crate) id: Option<i64>,
+    /// The job with this idempotency key (a key is unique per queue: give `--queue` when
+    /// several queues hold it).
+    #[arg(long, conflicts_with = "id")]
+    pub(crate) key: Option<String>,
+    /// With `--key`: the queue of the job.
+    #[arg(long, requires = "key")]
+    pub(crate) queue: Option<String>,
     /// Print one JSON document.
     #[arg(long)]
     pub(crate) json: bool,
@@ -369,6 +386,13 @@ pub(crate) struct ServeArgs {
     /// Run this many workers in the same process (0: enqueue and show only).
     #[arg(long, default_value_t = 0)]
     pub(crate) workers: u32,
+    /// With --workers: the queues they work (repeatable); default: every queue.
+    #[arg(long = "queue", requires = "workers")]
+    pub(crate) queues: Vec<String>,
+    /// With --workers: the kinds they run (repeatable): `noop`, `http`; default: both. Jobs
+    /// of other kinds are not claimed: they wait for a worker that runs them.
+    #[arg(long = "kind", value_name = "KIND", requires = "workers")]
+    pub(crate) kinds: Vec<String>,
     /// Bearer token every `/v1` call (and `/metrics`) must carry. Prefer REDRIVE_API_TOKEN or
     /// --token-file: a command line is visible to every user of the machine. Beyond loopback
     /// it needs at least 16 characters.

@@ -106,6 +106,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Dead(c) => cmd::queue::dead(&global, c),
         Command::Cancel(a) => cmd::queue::cancel(&global, a),
         Command::Stats(a) => cmd::queue::stats(&global, a),
+        Command::Workers(a) => cmd::queue::workers(&global, a),
         Command::Breakers(a) => cmd::queue::breakers(&global, a),
         Command::Bench(a) => cmd::bench::run(&global, a),
         Command::PspSim(args) => cmd::psp_sim::run(&global, args),

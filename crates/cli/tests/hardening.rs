@@ -327,7 +327,13 @@ fn the_same_key_for_another_payload_exits_1_naming_the_key() {
     );
 }
 
-/// A database with one dead job (unknown kind) and one scheduled job; their ids.
+/// An `http` job that dies `permanent` at its first attempt, without any network: the cloud
+/// metadata address is always refused by the egress policy. (A job of a kind no worker runs
+/// is not claimed at all: it waits.)
+const DOOMED_HTTP: &str = r#"{"method": "GET", "url": "http://169.254.169.254/latest/meta-data"}"#;
+
+/// A database with one dead job (refused by the egress policy) and one scheduled job; their
+/// ids.
 fn dead_and_scheduled(db: &str) -> (String, String) {
     let dead = ok(&redrive(
         db,
@@ -336,7 +342,9 @@ fn dead_and_scheduled(db: &str) -> (String, String) {
             "--queue",
             "q",
             "--kind",
-            "nobody-runs-this",
+            "http",
+            "--payload",
+            DOOMED_HTTP,
             "--json",
         ],
     ))["job"]["id"]
@@ -485,7 +493,15 @@ fn log_lines_carry_no_colour_into_a_pipe() {
     let (_dir, db) = sqlite();
     ok(&redrive(
         &db,
-        &["enqueue", "--queue", "q", "--kind", "nobody-runs-this"],
+        &[
+            "enqueue",
+            "--queue",
+            "q",
+            "--kind",
+            "http",
+            "--payload",
+            DOOMED_HTTP,
+        ],
     ));
     let o = redrive(&db, &["work", "--until-idle"]);
     ok(&o);

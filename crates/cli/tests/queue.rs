@@ -284,7 +284,7 @@ fn bench_runs_small_and_prints_json() {
 }
 
 #[test]
-fn work_until_idle_runs_noop_jobs_and_leaves_unknown_kinds_dead() {
+fn work_until_idle_runs_noop_jobs_and_leaves_other_kinds_waiting() {
     let dir = tempfile::tempdir().unwrap();
     let db = format!("sqlite:{}", dir.path().join("q.db").display());
     for _ in 0..3 {
@@ -293,19 +293,183 @@ fn work_until_idle_runs_noop_jobs_and_leaves_unknown_kinds_dead() {
             &["enqueue", "--queue", "q", "--kind", "noop", "--json"],
         ));
     }
-    ok(&redrive(
+    let mystery = ok(&redrive(
         &db,
         &["enqueue", "--queue", "other", "--kind", "mystery", "--json"],
-    ));
-    let o = redrive(&db, &["work", "--until-idle"]);
+    ))["job"]["id"]
+        .as_i64()
+        .unwrap();
+    let http = ok(&redrive(
+        &db,
+        &[
+            "enqueue",
+            "--queue",
+            "q",
+            "--kind",
+            "http",
+            "--payload",
+            r#"{"method": "POST", "url": "https://psp.example/charges"}"#,
+            "--json",
+        ],
+    ))["job"]["id"]
+        .as_i64()
+        .unwrap();
+    // `--kind noop`: the http job is not this worker's either.
+    let o = redrive(&db, &["work", "--until-idle", "--kind", "noop"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(
-        String::from_utf8_lossy(&o.stdout).contains("succeeded 3, dead 1"),
+        String::from_utf8_lossy(&o.stdout).contains("succeeded 3, dead 0"),
         "{}",
         String::from_utf8_lossy(&o.stdout)
     );
-    let dead = ok(&redrive(&db, &["dead", "list", "--json"]));
-    assert_eq!(dead["jobs"][0]["dead_reason"], "permanent");
+    // Left alone: not claimed, no attempt.
+    for id in [mystery, http] {
+        let v = ok(&redrive(&db, &["show", &id.to_string(), "--json"]));
+        assert_eq!(v["job"]["state"], "available", "{v}");
+        assert_eq!(v["job"]["attempts"], 0, "{v}");
+        assert_eq!(v["job"]["lease_token"], 0, "{v}");
+        assert_eq!(v["attempts"].as_array().unwrap().len(), 0, "{v}");
+    }
+    assert!(
+        ok(&redrive(&db, &["dead", "list", "--json"]))["jobs"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
     let succeeded = ok(&redrive(&db, &["jobs", "--state", "succeeded", "--json"]));
     assert_eq!(succeeded["jobs"].as_array().unwrap().len(), 3);
+    // No worker runs now: both are flagged.
+    let stats = ok(&redrive(&db, &["stats", "--json"]));
+    let flagged: Vec<(String, String, u64)> = stats["unhandled"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| {
+            (
+                u["queue"].as_str().unwrap().to_owned(),
+                u["kind"].as_str().unwrap().to_owned(),
+                u["jobs"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        flagged,
+        [
+            ("other".into(), "mystery".into(), 1),
+            ("q".into(), "http".into(), 1)
+        ]
+    );
+    let text = String::from_utf8_lossy(&redrive(&db, &["stats"]).stdout).into_owned();
+    assert!(
+        text.contains("waiting for a kind no live worker runs"),
+        "{text}"
+    );
+    assert!(text.contains("mystery"), "{text}");
+    // A kind `work` cannot run is a usage error naming it.
+    err(
+        &redrive(&db, &["work", "--until-idle", "--kind", "charge"]),
+        2,
+        "--kind: \"charge\"",
+    );
+}
+
+#[test]
+fn jobs_and_show_by_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite:{}", dir.path().join("q.db").display());
+    let enqueue = |queue: &str, key: &str| {
+        ok(&redrive(
+            &db,
+            &[
+                "enqueue", "--queue", queue, "--kind", "noop", "--key", key, "--json",
+            ],
+        ))["job"]["id"]
+            .as_i64()
+            .unwrap()
+    };
+    let a = enqueue("payments", "order-4711");
+    let b = enqueue("refunds", "order-4711");
+    let c = enqueue("payments", "order-4712");
+    let ids = |v: &serde_json::Value| -> Vec<i64> {
+        v["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|j| j["id"].as_i64().unwrap())
+            .collect()
+    };
+    let v = ok(&redrive(&db, &["jobs", "--key", "order-4711", "--json"]));
+    assert_eq!(ids(&v), [a, b]);
+    let v = ok(&redrive(
+        &db,
+        &[
+            "jobs",
+            "--key",
+            "order-4711",
+            "--queue",
+            "refunds",
+            "--json",
+        ],
+    ));
+    assert_eq!(ids(&v), [b]);
+    let v = ok(&redrive(&db, &["jobs", "--key", "order-4712", "--json"]));
+    assert_eq!(ids(&v), [c]);
+    let v = ok(&redrive(&db, &["jobs", "--key", "nope", "--json"]));
+    assert!(ids(&v).is_empty());
+    let text = String::from_utf8_lossy(&redrive(&db, &["jobs", "--key", "order-4712"]).stdout)
+        .into_owned();
+    assert!(
+        text.contains(&c.to_string()) && text.lines().count() == 2,
+        "{text}"
+    );
+
+    // show --key: one queue holds it.
+    let v = ok(&redrive(&db, &["show", "--key", "order-4712", "--json"]));
+    assert_eq!(v["job"]["id"], c);
+    assert!(v["attempts"].as_array().is_some());
+    let text = String::from_utf8_lossy(&redrive(&db, &["show", "--key", "order-4712"]).stdout)
+        .into_owned();
+    assert!(text.starts_with(&format!("job {c} on payments")), "{text}");
+    // Several queues: say so, list them, and pick with --queue.
+    let o = redrive(&db, &["show", "--key", "order-4711"]);
+    err(&o, 2, "held by jobs on 2 queues");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains(&format!("payments (job {a})"))
+            && stderr.contains(&format!("refunds (job {b})"))
+            && stderr.contains("--queue"),
+        "{stderr}"
+    );
+    let v = ok(&redrive(
+        &db,
+        &[
+            "show",
+            "--key",
+            "order-4711",
+            "--queue",
+            "refunds",
+            "--json",
+        ],
+    ));
+    assert_eq!(v["job"]["id"], b);
+    // Not found, and bad combinations.
+    err(
+        &redrive(&db, &["show", "--key", "nope"]),
+        1,
+        "no job with key \"nope\"",
+    );
+    err(
+        &redrive(&db, &["show", "--key", "order-4712", "--queue", "refunds"]),
+        1,
+        "on queue \"refunds\"",
+    );
+    let o = redrive(&db, &["show", "1", "--key", "order-4711"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = redrive(&db, &["show", "1", "--queue", "payments"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = redrive(&db, &["show"]);
+    assert_eq!(o.status.code(), Some(2));
+    // By id still works.
+    let v = ok(&redrive(&db, &["show", &a.to_string(), "--json"]));
+    assert_eq!(v["job"]["key"], "order-4711");
 }

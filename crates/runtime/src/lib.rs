@@ -45,4 +45,4 @@ mod worker;
 
 pub use clock::TokioClock;
 pub use handler::{Attempted, Handler, JobContext, Noop, StatusAnswer, typed};
-pub use worker::{PoolHealth, RuntimeError, Summary, Worker, WorkerBuilder};
+pub use worker::{PoolHealth, REGISTRY_HEARTBEAT, RuntimeError, Summary, Worker, WorkerBuilder};

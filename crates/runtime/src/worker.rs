@@ -12,7 +12,8 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use redrive_policy::{Action, DeferReason, Outcome, PolicySet, RetryPolicy, Timestamp};
 use redrive_store::{
-    ClaimParams, Clock, Completion, Job, NewAttempt, Store, StoreError, SystemClock, Transition,
+    ClaimParams, Clock, Completion, Job, Kinds, NewAttempt, Store, StoreError, SystemClock,
+    Transition, WorkerInfo,
 };
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -111,11 +112,17 @@ pub struct WorkerBuilder {
     max_jobs: Option<u64>,
     clock: Arc<dyn Clock>,
     store_runtime: Option<tokio::runtime::Handle>,
+    registry_heartbeat: Duration,
 }
 
+/// How often a running worker refreshes its row in the store's registry of live workers
+/// (`redrive workers`); a row unrefreshed for [`redrive_store::WORKER_STALE_AFTER`] counts as
+/// a worker gone.
+pub const REGISTRY_HEARTBEAT: Duration = Duration::from_secs(10);
+
 impl WorkerBuilder {
-    /// Registers a handler for a job kind (the registry of kinds this worker runs; a job of
-    /// another kind dies as `permanent`, naming the kind).
+    /// Registers a handler for a job kind. The handlers are the kinds this worker claims:
+    /// jobs of other kinds stay in the queue, untouched, for a worker that runs them.
     pub fn handler(mut self, kind: impl Into<String>, h: Arc<dyn Handler>) -> Self {
         self.handlers.insert(kind.into(), h);
         self
@@ -216,6 +223,12 @@ impl WorkerBuilder {
     /// ahead while the database answers (connect the store on that runtime too).
     pub fn store_runtime(mut self, h: tokio::runtime::Handle) -> Self {
         self.store_runtime = Some(h);
+        self
+    }
+    /// How often the worker refreshes its row in the registry of live workers (default
+    /// [`REGISTRY_HEARTBEAT`]; keep it well below [`redrive_store::WORKER_STALE_AFTER`]).
+    pub fn registry_heartbeat(mut self, d: Duration) -> Self {
+        self.registry_heartbeat = d.max(Duration::from_millis(10));
         self
     }
     /// The worker.
@@ -391,7 +404,74 @@ impl Worker {
             max_jobs: None,
             clock: Arc::new(SystemClock),
             store_runtime: None,
+            registry_heartbeat: REGISTRY_HEARTBEAT,
         }
+    }
+
+    /// The kinds this worker claims: those it has handlers for.
+    pub fn kinds(&self) -> Kinds {
+        Kinds::only(self.inner.b.handlers.keys().cloned())
+    }
+
+    /// This worker's row in the registry of live workers (`redrive workers`).
+    fn info(&self, now: redrive_store::Timestamp) -> WorkerInfo {
+        let b = &self.inner.b;
+        WorkerInfo {
+            name: b.name.clone(),
+            host: host_name(),
+            pid: std::process::id(),
+            queues: b.queues.clone(),
+            kinds: self.kinds(),
+            concurrency: u32::try_from(b.concurrency).unwrap_or(u32::MAX),
+            started_at: now,
+            last_seen: now,
+        }
+    }
+
+    /// Registers the worker and keeps its row fresh until `stop` (registering again if the
+    /// row was deleted meanwhile, e.g. after the store was unreachable for long). Failures are
+    /// logged: the registry is for operators, the jobs do not depend on it.
+    fn spawn_registry(&self, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
+        let w = self.clone();
+        tokio::spawn(async move {
+            let b = &w.inner.b;
+            let info = w.info(b.clock.now());
+            let mut registered = false;
+            loop {
+                let now = b.clock.now();
+                let r = if registered {
+                    let name = info.name.clone();
+                    w.inner
+                        .db
+                        .run(move |s| async move { s.worker_heartbeat(&name, now).await })
+                        .await
+                } else {
+                    let info = info.clone();
+                    w.inner
+                        .db
+                        .run(move |s| async move { s.register_worker(&info, now).await })
+                        .await
+                        .map(|()| true)
+                };
+                match r {
+                    Ok(alive) => registered = alive,
+                    Err(e) => tracing::warn!("refreshing the worker's registry row failed: {e}"),
+                }
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tokio::time::sleep(b.registry_heartbeat) => {}
+                }
+            }
+            let name = info.name.clone();
+            if let Err(e) = w
+                .inner
+                .db
+                .run(move |s| async move { s.unregister_worker(&name).await })
+                .await
+            {
+                tracing::warn!("removing the worker's registry row failed: {e}");
+            }
+        })
     }
 
     /// Whether this worker's pool is running (see [`PoolHealth`]).
@@ -423,9 +503,23 @@ impl Worker {
         stop: CancellationToken,
         until_idle: bool,
     ) -> Result<Summary, RuntimeError> {
+        let registry_stop = CancellationToken::new();
+        let registry = self.spawn_registry(registry_stop.clone());
+        let r = self.run_loop(stop, until_idle).await;
+        registry_stop.cancel();
+        let _ = registry.await;
+        r
+    }
+
+    async fn run_loop(
+        &self,
+        stop: CancellationToken,
+        until_idle: bool,
+    ) -> Result<Summary, RuntimeError> {
         let w = &self.inner;
         let b = &w.b;
         let _running = w.health.running();
+        let kinds = self.kinds();
         let mut backoff = ClaimBackoff::new();
         let hard = CancellationToken::new();
         let run = Arc::new(Run {
@@ -539,6 +633,7 @@ impl Worker {
             wake.borrow_and_update();
             let p = ClaimParams {
                 queues: queues.clone(),
+                kinds: kinds.clone(),
                 worker: b.name.clone(),
                 limit: permits.len() as u32,
                 lease: b.lease,
@@ -568,8 +663,12 @@ impl Worker {
                 if until_idle && tasks.is_empty() {
                     break;
                 }
-                let q = queues.clone();
-                let wait = match w.db.run(move |s| async move { s.next_due(&q).await }).await {
+                let (q, k) = (queues.clone(), kinds.clone());
+                let wait = match w
+                    .db
+                    .run(move |s| async move { s.next_due_for(&q, &k).await })
+                    .await
+                {
                     Ok(Some(t)) => (t - b.clock.now()).to_std().unwrap_or(Duration::ZERO),
                     _ => b.poll,
                 }
@@ -615,6 +714,18 @@ impl Worker {
         }
         Ok(total)
     }
+}
+
+/// The host's name, as the registry of live workers shows it: the kernel's (Linux), else
+/// `$HOSTNAME`, else `/etc/hostname`, else `unknown`.
+fn host_name() -> String {
+    ["/proc/sys/kernel/hostname", "/etc/hostname"]
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .chain(std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().chars().take(255).collect::<String>())
+        .find(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".into())
 }
 
 fn due(last: &mut Option<tokio::time::Instant>, every: Duration) -> bool {

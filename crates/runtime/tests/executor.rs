@@ -120,7 +120,7 @@ async fn transient_failures_are_retried_in_process_with_the_same_key() {
 }
 
 #[tokio::test]
-async fn permanent_goes_dead_at_once_and_unknown_kind_too() {
+async fn permanent_goes_dead_at_once_and_an_unknown_kind_is_left_alone() {
     let (s, _d) = store().await;
     let a = s
         .enqueue(&NewJob::new("q", "decline", json!({})), chrono::Utc::now())
@@ -134,29 +134,26 @@ async fn permanent_goes_dead_at_once_and_unknown_kind_too() {
         .unwrap()
         .job
         .id;
-    let sum = Worker::builder(s.clone(), vec!["q".into()])
+    let worker = Worker::builder(s.clone(), vec!["q".into()])
         .handler("decline", Arc::new(Fixed(Outcome::Permanent)))
-        .build()
-        .run_until_idle()
-        .await
-        .unwrap();
-    assert_eq!(sum.dead, 2);
-    for id in [a, b] {
-        let j = s.get(id).await.unwrap().unwrap();
-        assert_eq!(
-            (j.state, j.dead_reason.as_deref()),
-            (JobState::Dead, Some("permanent"))
-        );
-    }
-    assert!(
-        s.get(b)
-            .await
-            .unwrap()
-            .unwrap()
-            .last_error
-            .unwrap()
-            .contains("no handler")
+        .build();
+    assert_eq!(worker.kinds(), redrive_store::Kinds::only(["decline"]));
+    let sum = worker.run_until_idle().await.unwrap();
+    assert_eq!((sum.dead, sum.attempts), (1, 1));
+    let j = s.get(a).await.unwrap().unwrap();
+    assert_eq!(
+        (j.state, j.dead_reason.as_deref()),
+        (JobState::Dead, Some("permanent"))
     );
+    // A kind this worker has no handler for is not claimed: no lease, no attempt.
+    let j = s.get(b).await.unwrap().unwrap();
+    assert_eq!(
+        (j.state, j.attempts, j.lease_token, j.lease_owner),
+        (JobState::Available, 0, 0, None)
+    );
+    assert!(s.attempts(b).await.unwrap().is_empty());
+    // The run registered the worker and removed it when it ended.
+    assert!(s.workers(chrono::Utc::now()).await.unwrap().is_empty());
 }
 
 #[tokio::test]
@@ -272,4 +269,52 @@ async fn an_idle_worker_starts_a_scheduled_job_at_its_run_at_not_at_the_next_pol
         s.get(later).await.unwrap().unwrap().state,
         JobState::Scheduled
     );
+}
+
+/// Polls until `f` holds (the worker beats on its own schedule).
+async fn eventually<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..1000 {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("never: {what}");
+}
+
+#[tokio::test]
+async fn a_running_worker_is_registered_comes_back_after_deletion_and_leaves_on_stop() {
+    let (s, _d) = store().await;
+    let worker = Worker::builder(s.clone(), vec!["payments".into(), "refunds".into()])
+        .handler("noop", Arc::new(Noop))
+        .handler("charge", Arc::new(Noop))
+        .name("reg-test")
+        .concurrency(3)
+        .registry_heartbeat(std::time::Duration::from_millis(20))
+        .build();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn({
+        let (w, stop) = (worker.clone(), stop.clone());
+        async move { w.run(stop).await }
+    });
+    let live = || async { s.workers(chrono::Utc::now()).await.unwrap() };
+    eventually("registered", || async { !live().await.is_empty() }).await;
+    let w = live().await.remove(0);
+    assert_eq!(w.name, "reg-test");
+    assert_eq!(w.pid, std::process::id());
+    assert_eq!(w.queues, ["payments", "refunds"]);
+    assert_eq!(w.kinds, redrive_store::Kinds::only(["charge", "noop"]));
+    assert_eq!(w.concurrency, 3);
+    assert!(!w.host.is_empty());
+    // Its row deleted (as if it had been found stale): the next beat registers it again.
+    assert!(s.unregister_worker("reg-test").await.unwrap());
+    eventually("registered again", || async { !live().await.is_empty() }).await;
+    // A clean stop removes it.
+    stop.cancel();
+    run.await.unwrap().unwrap();
+    assert!(live().await.is_empty());
 }

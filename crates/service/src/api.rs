@@ -275,10 +275,26 @@ pub(crate) async fn create_job(
     Ok(res)
 }
 
-/// Parses `state`, `queue`, `limit`, `after` of a listing.
+/// A query parameter a route does not take: 400 naming it and the ones it takes.
+pub(crate) fn unknown_param(name: &str, known: &[&str]) -> ApiError {
+    ApiError::bad_field(
+        name,
+        "",
+        format!(
+            "unknown query parameter {name:?}; this route takes {}",
+            known.join(", ")
+        ),
+    )
+}
+
+/// The query parameters of `GET /v1/jobs`.
+pub(crate) const LIST_PARAMS: [&str; 5] = ["state", "queue", "key", "limit", "after"];
+
+/// Parses `state`, `queue`, `key`, `limit`, `after` of a listing.
 ///
-/// With `empty_is_any` (the dashboard's filter form) an empty `state` means no filter; the API
-/// refuses it (it is not one of the states).
+/// With `empty_is_any` (the dashboard's filter form) an empty `state`, `queue` or `key` means
+/// no filter and other parameters are the form's own; the API refuses an empty state (it is
+/// not one of the states) and any parameter it does not take (400 naming it).
 pub(crate) fn parse_list(query: Option<&str>, empty_is_any: bool) -> Result<ListParams, ApiError> {
     let mut p = ListParams {
         limit: Some(50),
@@ -294,6 +310,17 @@ pub(crate) fn parse_list(query: Option<&str>, empty_is_any: bool) -> Result<List
                 );
             }
             "queue" if !v.is_empty() => p.queue = Some(v.into_owned()),
+            "key" if v.len() > redrive_store::MAX_NAME_LEN => {
+                return Err(ApiError::bad_field(
+                    "key",
+                    &v,
+                    "key is at most 255 bytes (no job has a longer one)",
+                ));
+            }
+            "key" if !v.is_empty() => p.key = Some(v.into_owned()),
+            "key" if !empty_is_any => {
+                return Err(ApiError::bad_field("key", "", "key must not be empty"));
+            }
             "limit" => {
                 let n: u32 = v.parse().map_err(|_| {
                     ApiError::bad_field("limit", &v, "limit must be a whole number 1..=1000")
@@ -312,19 +339,24 @@ pub(crate) fn parse_list(query: Option<&str>, empty_is_any: bool) -> Result<List
                 }
                 p.after = Some(n);
             }
+            k if !empty_is_any && !LIST_PARAMS.contains(&k) => {
+                return Err(unknown_param(k, &LIST_PARAMS));
+            }
             _ => {}
         }
     }
     Ok(p)
 }
 
-/// List jobs by id, with keyset pagination.
+/// List jobs by id, with keyset pagination. `key` finds the jobs with that idempotency key
+/// (at most one per queue; add `queue` for one). A parameter not listed here is a 400 naming
+/// it.
 #[utoipa::path(
     get, path = "/v1/jobs", tag = "jobs",
     params(ListQuery),
     responses(
         (status = 200, description = "A page of jobs; pass `next` as `after` for the next", body = JobPage),
-        (status = 400, description = "Bad query parameter", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 400, description = "Bad or unknown query parameter (`field` names it)", body = ProblemBody, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong bearer token", body = ProblemBody, content_type = "application/problem+json"),
         (status = 503, description = "Store unavailable", body = ProblemBody, content_type = "application/problem+json"),
     )
@@ -456,20 +488,43 @@ pub(crate) async fn breaker_views(store: &Store) -> Result<Vec<BreakerView>, Api
     Ok(out)
 }
 
-/// Jobs per queue and state, and the breakers.
+/// Jobs per queue and state, the breakers, and the jobs waiting for a queue and kind that no
+/// live worker runs (`unhandled`).
 #[utoipa::path(
     get, path = "/v1/stats", tag = "fleet",
     responses(
-        (status = 200, description = "Counts and breakers", body = StatsResponse),
+        (status = 200, description = "Counts, breakers and unhandled kinds", body = StatsResponse),
         (status = 401, description = "Missing or wrong bearer token", body = ProblemBody, content_type = "application/problem+json"),
         (status = 503, description = "Store unavailable", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn stats(State(state): State<AppState>) -> Result<Json<StatsResponse>, ApiError> {
     let counts = state.inner.store.counts().await?;
+    let unhandled = state.inner.store.unhandled(chrono::Utc::now()).await?;
     Ok(Json(StatsResponse {
         counts: counts.into_iter().map(CountView::from).collect(),
         breakers: breaker_views(&state.inner.store).await?,
+        unhandled: unhandled.into_iter().map(UnhandledView::from).collect(),
+    }))
+}
+
+/// The live workers of the fleet (each process registers itself; a worker not seen for
+/// `stale_after_seconds` counts as gone and its row is deleted).
+#[utoipa::path(
+    get, path = "/v1/workers", tag = "fleet",
+    responses(
+        (status = 200, description = "Live workers, by name", body = WorkersResponse),
+        (status = 401, description = "Missing or wrong bearer token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "Store unavailable", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn workers(
+    State(state): State<AppState>,
+) -> Result<Json<WorkersResponse>, ApiError> {
+    let workers = state.inner.store.workers(chrono::Utc::now()).await?;
+    Ok(Json(WorkersResponse {
+        workers: workers.into_iter().map(WorkerView::from).collect(),
+        stale_after_seconds: redrive_store::WORKER_STALE_AFTER.as_secs(),
     }))
 }
 
@@ -725,19 +780,21 @@ impl Modify for BearerAuth {
             fleet's breakers. Errors are application/problem+json with `field` and `value`."
     ),
     paths(
-        create_job, list_jobs, get_job, replay_job, cancel_job, stats, breakers, healthz, readyz,
+        create_job, list_jobs, get_job, replay_job, cancel_job, stats, breakers, workers, healthz,
+        readyz,
         crate::idempotency::list_keys, crate::idempotency::recover_key
     ),
     components(schemas(
         EnqueueRequest, EnqueueResponse, JobView, AttemptView, JobPage, JobDetail, StateName,
         CountView, BreakerView, TransitionView, BreakersResponse, StatsResponse, Health, ProblemBody,
+        UnhandledView, WorkerView, WorkersResponse,
         crate::idempotency::IdempotencyRecordView, crate::idempotency::IdempotencyPage
     )),
     modifiers(&BearerAuth, &FrontDoorResponses),
     security(("bearer" = [])),
     tags(
         (name = "jobs", description = "Enqueue, list, inspect, replay, cancel"),
-        (name = "fleet", description = "Counts and circuit breakers"),
+        (name = "fleet", description = "Counts, circuit breakers and live workers"),
         (name = "health", description = "Liveness and readiness"),
         (name = "idempotency", description = "The Idempotency-Keys of POST /v1/jobs: list, recover stuck ones"),
     )

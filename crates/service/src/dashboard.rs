@@ -3,7 +3,9 @@
 //!
 //! Pages: `/` (queues, breakers, attempts per second, dead by reason), `/jobs` (filtered list
 //! with a keyset "next page"), `/jobs/{id}` (fields and the attempt timeline), `/dead` (grouped
-//! by reason and error signature, replay or purge one, a selection or all), `/breakers`.
+//! by reason and error signature, replay or purge one, a selection or all), `/breakers`,
+//! `/workers` (the live workers, and the jobs waiting for a kind none of them runs), and
+//! `/search?q=` (the search box of every page: a job id, an idempotency key or a dependency).
 //! Forms POST to the dashboard's own routes; every POST must come from this host (its
 //! `Origin`, else `Referer`), and with a token configured the dashboard needs a session cookie
 //! set by `/login`: a random id, HttpOnly, SameSite=Strict, `Secure` with `--cookie-secure`,
@@ -49,6 +51,8 @@ pub(crate) fn routes(state: AppState) -> Router<AppState> {
         .route("/dead/replay", post(dead_replay))
         .route("/dead/purge", post(dead_purge))
         .route("/breakers", get(breakers))
+        .route("/workers", get(workers))
+        .route("/search", get(search))
         .route_layer(middleware::from_fn_with_state(state, auth::require_session));
     Router::new()
         .merge(guarded)
@@ -110,6 +114,8 @@ body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1d1d1f;background:#f6f7f
 header{background:#1f2937;color:#fff;padding:8px 16px;display:flex;gap:16px;align-items:center}
 header a{color:#e5e7eb;text-decoration:none;font-weight:600}header a:hover{color:#fff}
 header .brand{font-size:16px;margin-right:12px}header .spacer{flex:1}
+header form{margin:0}header input{font:inherit;padding:2px 6px;width:16em}
+.warn{background:#fffbeb;border:1px solid #f59e0b;padding:8px 12px;margin:8px 0}
 button,.button{font:inherit;padding:4px 10px;border:1px solid #9ca3af;border-radius:4px;background:#fff;cursor:pointer;color:#111;text-decoration:none}
 button.danger{border-color:#b91c1c;color:#b91c1c}button.primary{border-color:#1d4ed8;color:#1d4ed8}
 main{padding:16px;max-width:1200px}
@@ -170,7 +176,12 @@ fn layout(title: &str, live: bool, body: Markup) -> Markup {
                     a href="/jobs" { "Jobs" }
                     a href="/dead" { "Dead letters" }
                     a href="/breakers" { "Breakers" }
+                    a href="/workers" { "Workers" }
                     span.spacer {}
+                    form #search method="get" action="/search" role="search" {
+                        input #search-q type="search" name="q" placeholder="Job id, key or dependency" aria-label="Search by job id, idempotency key or dependency";
+                        " " button type="submit" { "Search" }
+                    }
                     @if live { button #live-toggle type="button" { "Pause live refresh" } }
                 }
                 main {
@@ -356,10 +367,32 @@ pub(crate) fn chart(buckets: &[AttemptBucket], from: Timestamp, to: Timestamp) -
     }
 }
 
+/// Jobs waiting for a queue and kind no live worker runs, as a warning (nothing if none).
+fn unhandled_warning(unhandled: &[redrive_store::Unhandled]) -> Markup {
+    html! {
+        @if !unhandled.is_empty() {
+            div.warn #unhandled {
+                strong { "Waiting for a kind no live worker runs" }
+                " — these jobs will not run until a worker for their queue and kind starts ("
+                a href="/workers" { "workers" } "):"
+                table { thead { tr { th { "Queue" } th { "Kind" } th { "Jobs" } th { "Oldest run at" } } }
+                    tbody { @for u in unhandled {
+                        tr data-queue=(u.queue) data-kind=(u.kind) {
+                            td { a href=(jobs_link(Some(&u.queue), None)) { (u.queue) } }
+                            td { (u.kind) } td.n { (u.jobs) } td { (fmt_time(u.oldest_run_at)) }
+                        }
+                    } }
+                }
+            }
+        }
+    }
+}
+
 async fn overview(State(state): State<AppState>) -> Result<Response, Page> {
     let store = &state.inner.store;
     let now = Utc::now();
     let counts = store.counts().await?;
+    let unhandled = store.unhandled(now).await?;
     let breakers = breaker_views(store).await?;
     let from = now - chrono::Duration::from_std(CHART_WINDOW).unwrap_or_default();
     let buckets = store.attempt_rate(from, now, CHART_BUCKET).await?;
@@ -369,6 +402,7 @@ async fn overview(State(state): State<AppState>) -> Result<Response, Page> {
         .filter(|b| b.state != "closed" || b.paused_until.is_some())
         .collect();
     let body = html! {
+        (unhandled_warning(&unhandled))
         h2 { "Queues" }
         (queue_table(&counts))
         div.cards {
@@ -438,18 +472,24 @@ async fn jobs(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Re
         if let Some(qu) = &p.queue {
             s.append_pair("queue", qu);
         }
+        if let Some(k) = &p.key {
+            s.append_pair("key", k);
+        }
         if let Some(l) = p.limit {
             s.append_pair("limit", &l.to_string());
         }
         s.append_pair("after", &n.to_string());
         format!("/jobs?{}", s.finish())
     });
-    let title = match (&p.state, &p.queue) {
+    let mut title = match (&p.state, &p.queue) {
         (Some(s), Some(q)) => format!("Jobs: {q}, {s}"),
         (Some(s), None) => format!("Jobs: {s}"),
         (None, Some(q)) => format!("Jobs: {q}"),
         (None, None) => "Jobs".into(),
     };
+    if let Some(k) = &p.key {
+        title = format!("{title} with key {k}");
+    }
     let body = html! {
         form method="get" action="/jobs" {
             label { "State " select name="state" {
@@ -460,6 +500,8 @@ async fn jobs(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Re
             } }
             " "
             label { "Queue " input name="queue" value=(p.queue.clone().unwrap_or_default()); }
+            " "
+            label { "Key " input name="key" value=(p.key.clone().unwrap_or_default()); }
             " " button type="submit" { "Filter" }
         }
         @if page.jobs.is_empty() { p.muted { "No jobs match." } }
@@ -805,6 +847,94 @@ async fn breakers(State(state): State<AppState>) -> Result<Response, Page> {
         }
     };
     Ok(html_response(layout("Breakers", true, body)))
+}
+
+async fn workers(State(state): State<AppState>) -> Result<Response, Page> {
+    let store = &state.inner.store;
+    let now = Utc::now();
+    let list = store.workers(now).await?;
+    let unhandled = store.unhandled(now).await?;
+    let stale = redrive_store::WORKER_STALE_AFTER.as_secs();
+    let body = html! {
+        (unhandled_warning(&unhandled))
+        @if list.is_empty() { p.muted #no-workers { "No live workers. Start some with " code { "redrive work" } ", " code { "redrive serve --workers N" } " or your own worker built on redrive-runtime." } }
+        @else {
+            table #workers {
+                thead { tr { th { "Name" } th { "Host" } th { "Pid" } th { "Queues" } th { "Kinds" } th { "Concurrency" } th { "Started" } th { "Last seen" } } }
+                tbody {
+                    @for w in &list {
+                        tr data-name=(w.name) {
+                            td { (w.name) }
+                            td { (w.host) }
+                            td.n { (w.pid) }
+                            td { @if w.queues.is_empty() { span.muted { "all" } } @else { (w.queues.join(", ")) } }
+                            td.kinds { @match w.kinds.as_list() { None => { span.muted { "any" } }, Some(k) => { (k.join(", ")) } } }
+                            td.n { (w.concurrency) }
+                            td { (when(Some(w.started_at), now)) }
+                            td { (relative(w.last_seen, now)) }
+                        }
+                    }
+                }
+            }
+        }
+        p.muted { "Each worker refreshes its row every few seconds; one not seen for " (stale) " s counts as gone." }
+    };
+    Ok(html_response(layout("Workers", true, body)))
+}
+
+/// The search box: a job id, an idempotency key or a dependency. One job found (and no
+/// dependency) goes straight to that job; otherwise a page lists what matched.
+async fn search(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, Page> {
+    let term = form_urlencoded::parse(q.as_deref().unwrap_or("").as_bytes())
+        .find(|(k, _)| k == "q")
+        .map(|(_, v)| v.trim().to_owned())
+        .unwrap_or_default();
+    if term.is_empty() {
+        return Err(ApiError::bad_field(
+            "q",
+            "",
+            "type a job id, an idempotency key or a dependency",
+        )
+        .into());
+    }
+    let store = &state.inner.store;
+    let by_id = match term.parse::<JobId>() {
+        Ok(id) => store.get(id).await?,
+        Err(_) => None,
+    };
+    let by_key = store
+        .list(&redrive_store::ListParams {
+            key: Some(term.clone()),
+            limit: Some(100),
+            ..Default::default()
+        })
+        .await?
+        .jobs;
+    let dependency = store.dependency(&term).await?;
+    let jobs: Vec<&Job> = by_id.iter().chain(by_key.iter()).collect();
+    if jobs.len() == 1 && dependency.is_none() {
+        return Ok(Redirect::to(&format!("/jobs/{}", jobs[0].id)).into_response());
+    }
+    let now = Utc::now();
+    let body = html! {
+        p { "Results for " code #search-term { (term) } }
+        @if jobs.is_empty() && dependency.is_none() {
+            p.muted #no-results { "No job has this id or idempotency key, and no dependency has this name." }
+        }
+        @if !jobs.is_empty() {
+            h2 { "Jobs" }
+            table #jobs {
+                thead { tr { th { "Id" } th { "Queue" } th { "Kind" } th { "State" } th { "Attempts" } th { "Run at" } th { "Reason / last error" } } }
+                tbody { @for j in &jobs { (job_row(j, now)) } }
+            }
+        }
+        @if let Some(d) = &dependency {
+            h2 { "Dependency" }
+            p #dependency-result { a href="/breakers" { (d.name) } ": breaker " (state_badge(d.flow.state.as_str()))
+                @if let Some(t) = d.flow.paused_until { @if t > now { " · paused " (relative(t, now)) } } }
+        }
+    };
+    Ok(html_response(layout("Search", false, body)))
 }
 
 /// Where to go after signing in: a path of this site, else `/`. It must start with one `/`

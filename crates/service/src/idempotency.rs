@@ -151,7 +151,9 @@ fn parse_query(query: Option<&str>) -> Result<ListRequest, ApiError> {
                 }
                 r.after = Some(RecordId(n));
             }
-            _ => {}
+            k => {
+                return Err(crate::api::unknown_param(k, &["state", "limit", "after"]));
+            }
         }
     }
     Ok(r)
@@ -169,7 +171,7 @@ fn store_problem(e: redrive_http::idempotency::StoreError) -> ApiError {
     params(IdempotencyQuery),
     responses(
         (status = 200, description = "A page of records; pass `next` as `after` for the next", body = IdempotencyPage),
-        (status = 400, description = "Bad query parameter", body = crate::ProblemBody, content_type = "application/problem+json"),
+        (status = 400, description = "Bad or unknown query parameter (`field` names it)", body = crate::ProblemBody, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong bearer token", body = crate::ProblemBody, content_type = "application/problem+json"),
         (status = 503, description = "Store unavailable", body = crate::ProblemBody, content_type = "application/problem+json"),
     )

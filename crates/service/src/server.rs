@@ -28,6 +28,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/jobs/{id}/cancel", post(api::cancel_job))
         .route("/v1/stats", get(api::stats))
         .route("/v1/breakers", get(api::breakers))
+        .route("/v1/workers", get(api::workers))
         .route("/v1/idempotency", get(idempotency::list_keys))
         .route(
             "/v1/idempotency/{key}/recover",

@@ -274,6 +274,9 @@ pub struct ListQuery {
     pub state: Option<StateName>,
     /// Only jobs of this queue.
     pub queue: Option<String>,
+    /// Only the jobs with this idempotency key (at most one per queue).
+    #[param(min_length = 1, max_length = 255)]
+    pub key: Option<String>,
     /// At most this many (1..=1000, default 50).
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
@@ -417,6 +420,79 @@ pub struct StatsResponse {
     pub counts: Vec<CountView>,
     /// Breakers.
     pub breakers: Vec<BreakerView>,
+    /// Jobs waiting (scheduled, available, deferred) for a queue and kind that no live worker
+    /// runs: they will not run until such a worker starts (empty when every waiting job has
+    /// one).
+    pub unhandled: Vec<UnhandledView>,
+}
+
+/// Jobs waiting for a queue and kind no live worker runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct UnhandledView {
+    /// Queue.
+    pub queue: String,
+    /// Kind.
+    pub kind: String,
+    /// Jobs waiting.
+    pub jobs: u64,
+    /// The earliest `run_at` among them.
+    pub oldest_run_at: DateTime<Utc>,
+}
+
+impl From<redrive_store::Unhandled> for UnhandledView {
+    fn from(u: redrive_store::Unhandled) -> Self {
+        Self {
+            queue: u.queue,
+            kind: u.kind,
+            jobs: u.jobs,
+            oldest_run_at: u.oldest_run_at,
+        }
+    }
+}
+
+/// A live worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct WorkerView {
+    /// Name, unique in the fleet (the `lease_owner` of the jobs it runs).
+    pub name: String,
+    /// Host.
+    pub host: String,
+    /// Process id.
+    pub pid: u32,
+    /// Queues it claims from (empty: every queue).
+    pub queues: Vec<String>,
+    /// Kinds it runs (`null`: every kind).
+    pub kinds: Option<Vec<String>>,
+    /// Jobs it runs at once.
+    pub concurrency: u32,
+    /// When it started.
+    pub started_at: DateTime<Utc>,
+    /// Its last heartbeat.
+    pub last_seen: DateTime<Utc>,
+}
+
+impl From<redrive_store::WorkerInfo> for WorkerView {
+    fn from(w: redrive_store::WorkerInfo) -> Self {
+        Self {
+            kinds: w.kinds.as_list().map(<[String]>::to_vec),
+            name: w.name,
+            host: w.host,
+            pid: w.pid,
+            queues: w.queues,
+            concurrency: w.concurrency,
+            started_at: w.started_at,
+            last_seen: w.last_seen,
+        }
+    }
+}
+
+/// `GET /v1/workers`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct WorkersResponse {
+    /// The live workers, by name.
+    pub workers: Vec<WorkerView>,
+    /// A worker not seen for this long counts as gone.
+    pub stale_after_seconds: u64,
 }
 
 /// `GET /healthz` and `GET /readyz`.

@@ -39,6 +39,7 @@ async fn bearer_token_is_required_on_every_v1_route() {
         ("POST", "/v1/jobs/1/cancel"),
         ("GET", "/v1/stats"),
         ("GET", "/v1/breakers"),
+        ("GET", "/v1/workers"),
     ] {
         let req = || {
             Request::builder()
@@ -784,5 +785,164 @@ async fn served_document_names_the_policies_and_excludes_delay_with_run_at() {
     let names = req["properties"]["policy"]["enum"].as_array().unwrap();
     assert!(names.contains(&json!("payment")), "{names:?}");
     assert_eq!(req["not"]["required"], json!(["delay", "run_at"]));
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn jobs_by_key_and_unknown_query_parameters() {
+    let h = sqlite(AppConfig::default()).await;
+    let app = h.app();
+    let now = chrono::Utc::now();
+    let mut ids = Vec::new();
+    for (queue, key) in [
+        ("payments", "order-4711"),
+        ("refunds", "order-4711"),
+        ("payments", "order-4712"),
+    ] {
+        ids.push(
+            h.store
+                .enqueue(&NewJob::new(queue, "noop", json!({})).key(key), now)
+                .await
+                .unwrap()
+                .job
+                .id,
+        );
+    }
+    h.store
+        .enqueue(&NewJob::new("payments", "noop", json!({})), now)
+        .await
+        .unwrap();
+    let listed = |r: &Reply| -> Vec<i64> {
+        r.json()["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|j| j["id"].as_i64().unwrap())
+            .collect()
+    };
+    let r = send(&app, get("/v1/jobs?key=order-4711")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(listed(&r), [ids[0], ids[1]]);
+    let r = send(&app, get("/v1/jobs?key=order-4711&queue=refunds")).await;
+    assert_eq!(listed(&r), [ids[1]]);
+    let r = send(&app, get("/v1/jobs?key=order%2D4712")).await;
+    assert_eq!(listed(&r), [ids[2]]);
+    let r = send(&app, get("/v1/jobs?key=nobody")).await;
+    assert_eq!((r.status, listed(&r)), (StatusCode::OK, vec![]));
+    let r = send(&app, get("/v1/jobs?key=order-4711&limit=1")).await;
+    assert_eq!(
+        (listed(&r), r.json()["next"].as_i64()),
+        (vec![ids[0]], Some(ids[0]))
+    );
+    let r = send(&app, get("/v1/jobs?key=order-4711&state=cancelled")).await;
+    assert!(listed(&r).is_empty());
+    // An empty key is refused, not "everything".
+    send(&app, get("/v1/jobs?key="))
+        .await
+        .assert_problem(400, "key");
+    send(&app, get(&format!("/v1/jobs?key={}", "k".repeat(256))))
+        .await
+        .assert_problem(400, "key");
+    // Unknown parameters: 400 naming the parameter (they used to be ignored silently).
+    for (uri, field) in [
+        ("/v1/jobs?kye=order-4711", "kye"),
+        ("/v1/jobs?state=dead&sort=id", "sort"),
+        ("/v1/idempotency?stat=stuck", "stat"),
+    ] {
+        let r = send(&app, get(uri)).await;
+        r.assert_problem(400, field);
+        assert!(
+            r.json()["detail"]
+                .as_str()
+                .unwrap()
+                .contains("unknown query parameter"),
+            "{}",
+            r.body
+        );
+    }
+    // The document describes `key`.
+    let doc = send(&app, get("/openapi.json")).await.json();
+    let params = doc["paths"]["/v1/jobs"]["get"]["parameters"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(
+        params
+            .iter()
+            .any(|p| p["name"] == "key" && p["in"] == "query"),
+        "{params:?}"
+    );
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn workers_and_unhandled_kinds_in_the_api() {
+    let h = sqlite(AppConfig::default()).await;
+    let app = h.app();
+    let now = chrono::Utc::now();
+    let r = send(&app, get("/v1/workers")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(r.json(), json!({"workers": [], "stale_after_seconds": 60}));
+    let charge = h
+        .store
+        .enqueue(&NewJob::new("payments", "charge", json!({})), now)
+        .await
+        .unwrap()
+        .job;
+    h.store
+        .enqueue(&NewJob::new("payments", "http", json!({})), now)
+        .await
+        .unwrap();
+    h.store
+        .register_worker(
+            &redrive_store::WorkerInfo {
+                name: "serve-1".into(),
+                host: "box".into(),
+                pid: 42,
+                queues: vec![],
+                kinds: redrive_store::Kinds::only(["http", "noop"]),
+                concurrency: 4,
+                started_at: now,
+                last_seen: now,
+            },
+            now,
+        )
+        .await
+        .unwrap();
+    let r = send(&app, get("/v1/workers")).await;
+    let w = &r.json()["workers"][0];
+    assert_eq!(w["name"], "serve-1");
+    assert_eq!(w["kinds"], json!(["http", "noop"]));
+    assert_eq!(w["queues"], json!([]));
+    assert_eq!(
+        (w["pid"].as_u64(), w["concurrency"].as_u64()),
+        (Some(42), Some(4))
+    );
+    // Stats: the existing fields, plus the charge no live worker runs.
+    let stats = send(&app, get("/v1/stats")).await.json();
+    assert!(
+        stats["counts"].is_array() && stats["breakers"].is_array(),
+        "{stats}"
+    );
+    let u = stats["unhandled"].as_array().unwrap();
+    assert_eq!(u.len(), 1, "{stats}");
+    assert_eq!(
+        (
+            u[0]["queue"].as_str(),
+            u[0]["kind"].as_str(),
+            u[0]["jobs"].as_u64()
+        ),
+        (Some("payments"), Some("charge"), Some(1))
+    );
+    assert!(u[0]["oldest_run_at"].is_string());
+    // Gone once a worker for it is live, or the job is no longer waiting.
+    h.store.cancel(charge.id, now).await.unwrap();
+    let stats = send(&app, get("/v1/stats")).await.json();
+    assert_eq!(stats["unhandled"], json!([]), "{stats}");
+    // Documented.
+    let doc = send(&app, get("/openapi.json")).await.json();
+    assert!(doc["paths"]["/v1/workers"]["get"].is_object());
+    assert!(doc["components"]["schemas"]["StatsResponse"]["properties"]["unhandled"].is_object());
+    assert!(doc["components"]["schemas"]["WorkerView"]["properties"]["last_seen"].is_object());
     h.cleanup().await;
 }

@@ -1,6 +1,8 @@
 //! The dashboard in a real browser (headless Chromium through chromedriver, driven by
 //! fantoccini): a dead job is replayed from `/dead`, a worker then succeeds, and the job page
-//! shows "succeeded". A screenshot goes to `target/browser-artifacts/dashboard.png`.
+//! shows "succeeded"; a job is found by its idempotency key through the search box, and the
+//! workers page opens from the nav. A screenshot goes to
+//! `target/browser-artifacts/dashboard.png`.
 //!
 //! Without `chromium`/`chromedriver` on PATH the test prints why and passes, unless `CI=true`,
 //! where it fails: `crates/service/tests/browser-setup.sh` installs them.
@@ -164,6 +166,62 @@ async fn replay_a_dead_job_from_the_dashboard() {
     assert!(png.starts_with(b"\x89PNG"));
     c.goto(&format!("{base}/")).await.unwrap();
     std::fs::write(dir.join("overview.png"), c.screenshot().await.unwrap()).unwrap();
+
+    // The search box of every page finds a job by its idempotency key.
+    let keyed = h
+        .store
+        .enqueue(
+            &redrive_store::NewJob::new("pay", "charge", json!({})).key("order-4711"),
+            chrono::Utc::now(),
+        )
+        .await
+        .unwrap()
+        .job
+        .id;
+    c.goto(&format!("{base}/dead")).await.unwrap();
+    c.find(Locator::Css("#search-q"))
+        .await
+        .unwrap()
+        .send_keys("order-4711\n")
+        .await
+        .unwrap();
+    for _ in 0..50 {
+        if c.current_url().await.unwrap().path() == format!("/jobs/{keyed}") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        c.current_url().await.unwrap().path(),
+        format!("/jobs/{keyed}")
+    );
+    let fields = c
+        .find(Locator::Css("#fields"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(fields.contains("order-4711"), "{fields}");
+    // The workers page, from the nav: no live worker, and the keyed charge flagged.
+    c.find(Locator::Css("header a[href='/workers']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait()
+        .for_element(Locator::Css("#no-workers"))
+        .await
+        .unwrap();
+    let flagged = c
+        .find(Locator::Css("#unhandled"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(flagged.contains("charge"), "{flagged}");
 
     c.close().await.unwrap();
     stop.send(()).unwrap();

@@ -387,3 +387,174 @@ async fn breakers_page_and_api_show_the_learned_rate_limit() {
     assert_eq!(v["breakers"][0]["mode"], "normal", "{v}");
     h.cleanup().await;
 }
+
+#[tokio::test]
+async fn search_box_finds_a_job_by_id_key_or_dependency() {
+    let h = sqlite(AppConfig::default()).await;
+    let app = h.app();
+    let now = chrono::Utc::now();
+    // Every page carries the search box.
+    let r = send(&app, get("/")).await;
+    assert!(
+        r.body
+            .contains(r#"<form id="search" method="get" action="/search""#),
+        "{}",
+        r.body
+    );
+    assert!(r.body.contains(r#"name="q""#), "{}", r.body);
+    let one = h
+        .store
+        .enqueue(
+            &NewJob::new("payments", "charge", json!({}))
+                .key("order-4711")
+                .dependency("psp.example"),
+            now,
+        )
+        .await
+        .unwrap()
+        .job
+        .id;
+    let twice: Vec<i64> = {
+        let mut v = Vec::new();
+        for q in ["payments", "refunds"] {
+            v.push(
+                h.store
+                    .enqueue(&NewJob::new(q, "noop", json!({})).key("order-9"), now)
+                    .await
+                    .unwrap()
+                    .job
+                    .id,
+            );
+        }
+        v
+    };
+    // One job by key: straight to it.
+    let r = send(&app, get("/search?q=order-4711")).await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.body);
+    assert_eq!(r.header("location"), Some(format!("/jobs/{one}").as_str()));
+    // By id.
+    let r = send(&app, get(&format!("/search?q={}", twice[1]))).await;
+    assert_eq!(
+        r.header("location"),
+        Some(format!("/jobs/{}", twice[1]).as_str())
+    );
+    // A key held on two queues: both listed.
+    let r = send(&app, get("/search?q=order-9")).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.body.matches("<tr data-id=").count(), 2, "{}", r.body);
+    for id in &twice {
+        assert!(
+            r.body.contains(&format!(r#"<tr data-id="{id}""#)),
+            "{}",
+            r.body
+        );
+    }
+    // A dependency.
+    h.store
+        .set_breaker(&redrive_store::BreakerUpdate {
+            dependency: "psp.example".into(),
+            expect: None,
+            state: redrive_policy::BreakerState::Open,
+            open_until: Some(now + chrono::Duration::seconds(30)),
+            probe_permits: 0,
+            reason: "test".into(),
+            now,
+        })
+        .await
+        .unwrap();
+    let r = send(&app, get("/search?q=psp.example")).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(
+        r.body.contains(r#"id="dependency-result""#) && r.body.contains("state-open"),
+        "{}",
+        r.body
+    );
+    // Nothing.
+    let r = send(&app, get("/search?q=nothing-here")).await;
+    assert!(r.body.contains(r#"id="no-results""#), "{}", r.body);
+    let r = send(&app, get("/search?q=")).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    // The jobs list filters by key too.
+    let r = send(&app, get("/jobs?key=order-9&state=&queue=refunds")).await;
+    assert_eq!(r.body.matches("<tr data-id=").count(), 1, "{}", r.body);
+    assert!(
+        r.body.contains(r#"name="key" value="order-9""#),
+        "{}",
+        r.body
+    );
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn workers_page_lists_live_workers_and_flags_unhandled_kinds() {
+    let h = sqlite(AppConfig::default()).await;
+    let app = h.app();
+    let now = chrono::Utc::now();
+    let r = send(&app, get("/")).await;
+    assert!(
+        r.body.contains(r#"<a href="/workers">Workers</a>"#),
+        "{}",
+        r.body
+    );
+    let r = send(&app, get("/workers")).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(r.body.contains(r#"id="no-workers""#), "{}", r.body);
+    h.store
+        .enqueue(&NewJob::new("payments", "charge", json!({})), now)
+        .await
+        .unwrap();
+    h.store
+        .register_worker(
+            &redrive_store::WorkerInfo {
+                name: "serve-7".into(),
+                host: "box-1".into(),
+                pid: 4242,
+                queues: vec![],
+                kinds: redrive_store::Kinds::only(["http", "noop"]),
+                concurrency: 2,
+                started_at: now,
+                last_seen: now,
+            },
+            now,
+        )
+        .await
+        .unwrap();
+    let r = send(&app, get("/workers")).await;
+    assert!(r.body.contains(r#"<tr data-name="serve-7">"#), "{}", r.body);
+    assert!(
+        r.body.contains("box-1") && r.body.contains("4242") && r.body.contains("http, noop"),
+        "{}",
+        r.body
+    );
+    // The charge waits for a kind no live worker runs: flagged here and on the overview.
+    for page in ["/workers", "/"] {
+        let r = send(&app, get(page)).await;
+        assert!(r.body.contains(r#"id="unhandled""#), "{page}: {}", r.body);
+        assert!(
+            r.body
+                .contains(r#"data-queue="payments" data-kind="charge""#),
+            "{page}: {}",
+            r.body
+        );
+    }
+    // A worker for it clears the flag.
+    h.store
+        .register_worker(
+            &redrive_store::WorkerInfo {
+                name: "charges".into(),
+                host: "box-2".into(),
+                pid: 7,
+                queues: vec!["payments".into()],
+                kinds: redrive_store::Kinds::only(["charge"]),
+                concurrency: 1,
+                started_at: now,
+                last_seen: now,
+            },
+            now,
+        )
+        .await
+        .unwrap();
+    let r = send(&app, get("/")).await;
+    assert!(!r.body.contains(r#"id="unhandled""#), "{}", r.body);
+    h.cleanup().await;
+}

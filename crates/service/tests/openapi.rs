@@ -32,6 +32,7 @@ async fn without_a_token_no_operation_requires_one() {
         ("/v1/jobs/{id}/cancel", "post"),
         ("/v1/stats", "get"),
         ("/v1/breakers", "get"),
+        ("/v1/workers", "get"),
     ] {
         let sec = security_of(&doc, path, method);
         let needs_bearer = sec

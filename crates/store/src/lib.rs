@@ -8,7 +8,7 @@
 //! ```
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
 //! use std::time::Duration;
-//! use redrive_store::{ClaimParams, Completion, NewJob, Store, Transition};
+//! use redrive_store::{ClaimParams, Completion, Kinds, NewJob, Store, Transition};
 //!
 //! let dir = tempfile::tempdir().unwrap();
 //! let store = Store::connect(&format!("sqlite:{}", dir.path().join("q.db").display())).await.unwrap();
@@ -19,8 +19,8 @@
 //! let again = store.enqueue(&NewJob::new("payments", "noop", serde_json::json!({})).key("k1"), now).await.unwrap();
 //! assert_eq!((again.job.id, again.created), (e.job.id, false));
 //!
-//! let jobs = store.claim(&ClaimParams { queues: vec!["payments".into()], worker: "w1".into(),
-//!     limit: 10, lease: Duration::from_secs(30), now }).await.unwrap();
+//! let jobs = store.claim(&ClaimParams { queues: vec!["payments".into()],
+//!     kinds: Kinds::only(["noop"]), worker: "w1".into(), limit: 10, lease: Duration::from_secs(30), now }).await.unwrap();
 //! let job = &jobs[0];
 //! store.complete(&Completion { lease: job.lease(), attempt: None, counters: job.counters(),
 //!     transition: Transition::Succeeded { result: serde_json::json!({"ok": true}) },
@@ -38,6 +38,7 @@ mod postgres;
 mod rows;
 mod sql;
 mod sqlite;
+mod workers;
 
 use std::time::Duration;
 
@@ -46,13 +47,14 @@ pub use error::{Result, StoreError};
 pub use insights::{AttemptBucket, DeadGroup, DeadReasonCount, MAX_DEAD_SCAN, error_signature};
 pub use model::{
     Attempt, BreakerUpdate, ClaimParams, Completion, Dependency, DependencyEvent, DependencyWrite,
-    Enqueued, Job, JobId, JobState, Lease, ListParams, MAX_BATCH, MAX_MAX_ATTEMPTS, MAX_NAME_LEN,
-    MAX_PRIORITY, MIN_PRIORITY, NewAttempt, NewJob, Page, QueueCount, Rescued, Selection,
-    Transition, from_millis,
+    Enqueued, Job, JobId, JobState, Kinds, Lease, ListParams, MAX_BATCH, MAX_MAX_ATTEMPTS,
+    MAX_NAME_LEN, MAX_PRIORITY, MIN_PRIORITY, NewAttempt, NewJob, Page, QueueCount, Rescued,
+    Selection, Transition, from_millis,
 };
 pub use postgres::PgStore;
 pub use redrive_policy::Timestamp;
 pub use sqlite::SqliteStore;
+pub use workers::{Unhandled, WORKER_STALE_AFTER, WorkerInfo};
 
 /// The default database: an SQLite file in the working directory.
 pub const DEFAULT_URL: &str = "sqlite:redrive.db";
@@ -215,8 +217,9 @@ impl Store {
         dispatch!(self, s => s.attempts_impl(id).await)
     }
 
-    /// Claims up to `limit` due jobs (priority, then run_at, then id), leasing each with a fresh
-    /// fencing token, skipping jobs whose dependency is open or paused.
+    /// Claims up to `limit` due jobs (priority, then run_at, then id) of the given queues and
+    /// kinds, leasing each with a fresh fencing token, skipping jobs whose dependency is open
+    /// or paused. Jobs of other kinds are left as they are (not leased, no attempt).
     pub async fn claim(&self, p: &ClaimParams) -> Result<Vec<Job>> {
         dispatch!(self, s => s.claim_impl(p).await)
     }
@@ -282,7 +285,17 @@ impl Store {
 
     /// When the next job on these queues becomes claimable (`None`: none waiting).
     pub async fn next_due(&self, queues: &[String]) -> Result<Option<Timestamp>> {
-        dispatch!(self, s => s.next_due_impl(queues).await)
+        dispatch!(self, s => s.next_due_impl(queues, &Kinds::Any).await)
+    }
+
+    /// When the next job of these kinds on these queues becomes claimable (`None`: none
+    /// waiting): what a worker with those handlers waits for.
+    pub async fn next_due_for(
+        &self,
+        queues: &[String],
+        kinds: &Kinds,
+    ) -> Result<Option<Timestamp>> {
+        dispatch!(self, s => s.next_due_impl(queues, kinds).await)
     }
 
     /// A dependency's shared state.

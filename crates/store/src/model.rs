@@ -437,11 +437,55 @@ pub struct NewAttempt {
     pub counted: bool,
 }
 
+/// Which job kinds a claim (or a worker) takes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kinds {
+    /// Every kind. Only for a caller that truly runs any kind (a drain of no-op jobs, a test):
+    /// a worker with a registry of handlers passes [`Kinds::Only`], so that jobs of kinds it
+    /// cannot run stay in the queue for a worker that can.
+    Any,
+    /// Only these kinds (the kinds the worker has handlers for). Empty: nothing is claimed.
+    Only(Vec<String>),
+}
+
+impl Kinds {
+    /// Only these kinds.
+    pub fn only<I, S>(kinds: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let mut v: Vec<String> = kinds.into_iter().map(Into::into).collect();
+        v.sort();
+        v.dedup();
+        Kinds::Only(v)
+    }
+
+    /// Whether a job of `kind` is taken.
+    pub fn contains(&self, kind: &str) -> bool {
+        match self {
+            Kinds::Any => true,
+            Kinds::Only(v) => v.iter().any(|k| k == kind),
+        }
+    }
+
+    /// The list, or `None` for every kind.
+    pub fn as_list(&self) -> Option<&[String]> {
+        match self {
+            Kinds::Any => None,
+            Kinds::Only(v) => Some(v),
+        }
+    }
+}
+
 /// Claim a batch of due jobs.
 #[derive(Debug, Clone)]
 pub struct ClaimParams {
     /// Queues to take from.
     pub queues: Vec<String>,
+    /// Kinds to take: jobs of other kinds are skipped, untouched (not leased, no attempt).
+    pub kinds: Kinds,
     /// The claiming worker.
     pub worker: String,
     /// At most this many.
@@ -536,6 +580,8 @@ pub struct ListParams {
     pub queue: Option<String>,
     /// Only this dead reason.
     pub dead_reason: Option<String>,
+    /// Only jobs with this idempotency key (one per queue at most).
+    pub key: Option<String>,
     /// Ids greater than this (keyset pagination).
     pub after: Option<JobId>,
     /// At most this many (default 50, at most 1000).
@@ -656,6 +702,11 @@ pub struct BreakerUpdate {
 /// Why a pause was set, as stored.
 pub(crate) fn pause_reason_str(r: Option<PauseReason>) -> Option<&'static str> {
     r.map(PauseReason::as_str)
+}
+
+/// A list of names as the JSON array the SQL reads as a set.
+pub(crate) fn json_list(v: &[String]) -> String {
+    serde_json::to_string(v).unwrap_or_else(|_| "[]".into())
 }
 
 pub(crate) fn millis(t: Timestamp) -> i64 {

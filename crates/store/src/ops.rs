@@ -106,13 +106,21 @@ macro_rules! shared_ops {
                 &self,
                 p: &crate::ClaimParams,
             ) -> crate::Result<Vec<crate::Job>> {
-                if p.limit == 0 || p.queues.is_empty() {
+                if p.limit == 0
+                    || p.queues.is_empty()
+                    || p.kinds.as_list().is_some_and(|k| k.is_empty())
+                {
                     return Ok(Vec::new());
                 }
                 crate::check_batch("limit", p.limit as usize)?;
+                let kinds = p.kinds.as_list().map(crate::model::json_list);
                 // One queue: an equality the claim index walks in order (no sort).
                 let (sql, queues) = if p.queues.len() == 1 {
-                    (self.sql.claim_one.clone(), p.queues[0].clone())
+                    let sql = match kinds {
+                        None => self.sql.claim_one.clone(),
+                        Some(_) => self.sql.claim_one_kinds.clone(),
+                    };
+                    (sql, p.queues[0].clone())
                 } else {
                     let list = serde_json::to_string(&p.queues).map_err(|e| {
                         crate::StoreError::Invalid {
@@ -121,18 +129,26 @@ macro_rules! shared_ops {
                             reason: e.to_string(),
                         }
                     })?;
-                    (self.sql.claim.clone(), list)
+                    let sql = match kinds {
+                        None => self.sql.claim.clone(),
+                        Some(_) => self.sql.claim_kinds.clone(),
+                    };
+                    (sql, list)
                 };
                 let now = crate::model::millis(p.now);
                 let permit = self.claim_permit().await;
-                let rows: Vec<crate::rows::JobRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                let q = sqlx::query_as(sqlx::AssertSqlSafe(sql))
                     .bind(now)
                     .bind(queues)
                     .bind(i64::from(p.limit))
                     .bind(&p.worker)
-                    .bind(now.saturating_add(crate::model::dur_ms(p.lease)))
-                    .fetch_all(&self.pool)
-                    .await?;
+                    .bind(now.saturating_add(crate::model::dur_ms(p.lease)));
+                // The kinds' list is a parameter only of the statements that filter on it.
+                let q = match kinds {
+                    Some(k) => q.bind(k),
+                    None => q,
+                };
+                let rows: Vec<crate::rows::JobRow> = q.fetch_all(&self.pool).await?;
                 drop(permit);
                 let mut jobs = rows
                     .into_iter()
@@ -325,9 +341,11 @@ macro_rules! shared_ops {
                 p: &crate::ListParams,
             ) -> crate::Result<crate::Page> {
                 let limit = p.limit.unwrap_or(50).clamp(1, 1000);
-                let sql = match p.state {
-                    None => self.sql.list.clone(),
-                    Some(st) => {
+                let sql = match (p.state, &p.key) {
+                    // A key: its index, whatever the state (bound as `$1`).
+                    (_, Some(_)) => self.sql.list_key.clone(),
+                    (None, None) => self.sql.list.clone(),
+                    (Some(st), None) => {
                         let i = crate::JobState::ALL
                             .iter()
                             .position(|s| *s == st)
@@ -335,14 +353,19 @@ macro_rules! shared_ops {
                         self.sql.list_state[i].clone()
                     }
                 };
-                let rows: Vec<crate::rows::JobRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-                    .bind(None::<&str>)
+                // Without a key the state is a literal of the statement (`$1` is NULL).
+                let state = p.key.as_ref().and(p.state).map(|s| s.as_str());
+                let q = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                    .bind(state)
                     .bind(p.queue.as_deref())
                     .bind(p.dead_reason.as_deref())
                     .bind(p.after.unwrap_or(0))
-                    .bind(i64::from(limit) + 1)
-                    .fetch_all(&self.read)
-                    .await?;
+                    .bind(i64::from(limit) + 1);
+                let q = match &p.key {
+                    Some(k) => q.bind(k.as_str()),
+                    None => q,
+                };
+                let rows: Vec<crate::rows::JobRow> = q.fetch_all(&self.read).await?;
                 let more = rows.len() > limit as usize;
                 let jobs = rows
                     .into_iter()
@@ -376,13 +399,25 @@ macro_rules! shared_ops {
             pub(crate) async fn next_due_impl(
                 &self,
                 queues: &[String],
+                kinds: &crate::Kinds,
             ) -> crate::Result<Option<redrive_policy::Timestamp>> {
-                let queues = serde_json::to_string(queues).unwrap_or_else(|_| "[]".into());
-                let t: Option<i64> =
-                    sqlx::query_scalar(sqlx::AssertSqlSafe(self.sql.next_due.clone()))
-                        .bind(queues)
-                        .fetch_one(&self.read)
-                        .await?;
+                let queues = crate::model::json_list(queues);
+                let t: Option<i64> = match kinds.as_list() {
+                    None => {
+                        sqlx::query_scalar(sqlx::AssertSqlSafe(self.sql.next_due.clone()))
+                            .bind(queues)
+                            .fetch_one(&self.read)
+                            .await?
+                    }
+                    Some([]) => None,
+                    Some(k) => {
+                        sqlx::query_scalar(sqlx::AssertSqlSafe(self.sql.next_due_kinds.clone()))
+                            .bind(queues)
+                            .bind(crate::model::json_list(k))
+                            .fetch_one(&self.read)
+                            .await?
+                    }
+                };
                 Ok(t.map(crate::model::from_millis))
             }
 

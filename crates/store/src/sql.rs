@@ -1,5 +1,6 @@
 //! The SQL, written once with markers that each backend fills in:
-//! `JSON_TEXTS_n` / `JSON_IDS_n` (parameter `$n`, a JSON array, as a set) and `GREATEST(`.
+//! `JSON_TEXTS_n` / `JSON_IDS_n` (parameter `$n`, a JSON array, as a set), `j.kind IN KINDS_n`
+//! (the job's kind is in the JSON array `$n`) and `GREATEST(`.
 
 use std::sync::Arc;
 
@@ -21,6 +22,9 @@ pub(crate) struct Sql {
     pub(crate) attempts_of: Arc<str>,
     pub(crate) claim: Arc<str>,
     pub(crate) claim_one: Arc<str>,
+    /// `claim` and `claim_one` that take only the kinds in `$6` (a JSON array).
+    pub(crate) claim_kinds: Arc<str>,
+    pub(crate) claim_one_kinds: Arc<str>,
     /// Rows per insert statement.
     pub(crate) enqueue_chunk: usize,
     pub(crate) heartbeat: Arc<str>,
@@ -38,6 +42,10 @@ pub(crate) struct Sql {
     pub(crate) list_state: Vec<Arc<str>>,
     pub(crate) counts: Arc<str>,
     pub(crate) next_due: Arc<str>,
+    /// `next_due` of the kinds in `$2` (a JSON array) only.
+    pub(crate) next_due_kinds: Arc<str>,
+    /// `list` of one idempotency key (`$6`), walking the key's index.
+    pub(crate) list_key: Arc<str>,
     pub(crate) get_dep: Arc<str>,
     pub(crate) list_deps: Arc<str>,
     pub(crate) upsert_breaker: Arc<str>,
@@ -56,9 +64,23 @@ const CLAIMABLE: &str = "j.state IN ('scheduled', 'available', 'deferred') AND j
            OR (d.state = 'open' AND (d.open_until IS NULL OR d.open_until > $1)) \
            OR (d.state = 'half_open' AND d.probe_permits <= 0))))";
 
+/// Appended to [`CLAIMABLE`] by a claim of some kinds only (`$6`, a JSON array). The list is
+/// read once per statement (on PostgreSQL an array built by an init plan, compared with
+/// `= ANY`), so the claim index is still walked in order and other kinds are filtered out.
+const KIND_FILTER: &str = " AND j.kind IN KINDS_6";
+
 impl Sql {
     pub(crate) fn new(dialect: Dialect) -> Self {
         let fill = |mut s: String| -> Arc<str> {
+            for n in ["2", "6"] {
+                let kinds = match dialect {
+                    Dialect::Sqlite => format!("j.kind IN (SELECT value FROM json_each(${n}))"),
+                    Dialect::Postgres => format!(
+                        "j.kind = ANY(ARRAY(SELECT jsonb_array_elements_text(CAST(${n} AS JSONB))))"
+                    ),
+                };
+                s = s.replace(&format!("j.kind IN KINDS_{n}"), &kinds);
+            }
             for n in ["1", "2"] {
                 let (texts, ids) = match dialect {
                     Dialect::Sqlite => (
@@ -81,22 +103,25 @@ impl Sql {
             }
             Arc::from(s)
         };
-        let claim = match dialect {
+        let claim_sql = |filter: &str| match dialect {
             Dialect::Sqlite => format!(
                 "UPDATE redrive_jobs SET state = 'running', lease_owner = $4, \
                  lease_token = lease_token + 1, lease_expires_at = $5, updated_at = $1 \
-                 WHERE id IN (SELECT j.id FROM redrive_jobs j WHERE {CLAIMABLE} \
+                 WHERE id IN (SELECT j.id FROM redrive_jobs j WHERE {CLAIMABLE}{filter} \
                    ORDER BY j.priority, j.run_at, j.id LIMIT $3) \
                  RETURNING {JOB_COLS}"
             ),
             Dialect::Postgres => format!(
-                "WITH picked AS (SELECT j.id FROM redrive_jobs j WHERE {CLAIMABLE} \
+                "WITH picked AS (SELECT j.id FROM redrive_jobs j WHERE {CLAIMABLE}{filter} \
                    ORDER BY j.priority, j.run_at, j.id LIMIT $3 FOR UPDATE OF j SKIP LOCKED) \
                  UPDATE redrive_jobs t SET state = 'running', lease_owner = $4, \
                  lease_token = t.lease_token + 1, lease_expires_at = $5, updated_at = $1 \
                  FROM picked WHERE t.id = picked.id RETURNING t.*"
             ),
         };
+        let claim = claim_sql("");
+        let claim_kinds = claim_sql(KIND_FILTER);
+        let one = |s: &str| s.replace("j.queue IN JSON_TEXTS_2", "j.queue = $2");
         Self {
             find_by_key: fill(format!(
                 "SELECT {JOB_COLS} FROM redrive_jobs WHERE queue = $1 AND idempotency_key = $2"
@@ -106,8 +131,10 @@ impl Sql {
                 "SELECT {ATTEMPT_COLS} FROM redrive_attempts WHERE job_id = $1 ORDER BY id"
             )),
             enqueue_chunk: 5_000,
-            claim_one: fill(claim.replace("j.queue IN JSON_TEXTS_2", "j.queue = $2")),
+            claim_one: fill(one(&claim)),
             claim: fill(claim),
+            claim_one_kinds: fill(one(&claim_kinds)),
+            claim_kinds: fill(claim_kinds),
             heartbeat: fill(
                 "UPDATE redrive_jobs SET lease_expires_at = $3, updated_at = $4 \
                  WHERE id = $1 AND lease_token = $2 AND state = 'running'"
@@ -180,14 +207,13 @@ impl Sql {
                  ORDER BY queue, state"
                     .into(),
             ),
-            next_due: fill(
-                "SELECT MIN(CASE WHEN d.name IS NULL THEN j.run_at ELSE GREATEST(j.run_at, \
-                   COALESCE(d.paused_until, 0), \
-                   CASE WHEN d.state = 'open' THEN COALESCE(d.open_until, 0) ELSE 0 END) END) \
-                 FROM redrive_jobs j LEFT JOIN redrive_dependencies d ON d.name = j.dependency \
-                 WHERE j.state IN ('scheduled', 'available', 'deferred') AND j.queue IN JSON_TEXTS_1"
-                    .into(),
-            ),
+            next_due: fill(NEXT_DUE.into()),
+            next_due_kinds: fill(format!("{NEXT_DUE} AND j.kind IN KINDS_2")),
+            list_key: fill(format!(
+                "SELECT {JOB_COLS} FROM redrive_jobs WHERE idempotency_key = $6 \
+                 AND ($1 IS NULL OR state = $1) AND ($2 IS NULL OR queue = $2) \
+                 AND ($3 IS NULL OR dead_reason = $3) AND id > $4 ORDER BY id LIMIT $5"
+            )),
             get_dep: fill(format!("SELECT {DEP_COLS} FROM redrive_dependencies WHERE name = $1")),
             list_deps: fill(format!("SELECT {DEP_COLS} FROM redrive_dependencies ORDER BY name")),
             upsert_breaker: fill(
@@ -239,6 +265,12 @@ impl Sql {
         }
     }
 }
+
+const NEXT_DUE: &str = "SELECT MIN(CASE WHEN d.name IS NULL THEN j.run_at ELSE GREATEST(j.run_at, \
+    COALESCE(d.paused_until, 0), \
+    CASE WHEN d.state = 'open' THEN COALESCE(d.open_until, 0) ELSE 0 END) END) \
+    FROM redrive_jobs j LEFT JOIN redrive_dependencies d ON d.name = j.dependency \
+    WHERE j.state IN ('scheduled', 'available', 'deferred') AND j.queue IN JSON_TEXTS_1";
 
 const REPLAY_SET: &str = "state = 'available', run_at = $1, attempts = 0, exceptions = 0, defers = 0, \
     consecutive_auth = 0, prev_delay_ms = NULL, first_attempt_at = NULL, \

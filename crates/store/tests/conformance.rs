@@ -74,6 +74,7 @@ fn job(queue: &str) -> NewJob {
 fn claim_params(queue: &str, limit: u32, now: Timestamp) -> ClaimParams {
     ClaimParams {
         queues: vec![queue.into()],
+        kinds: Kinds::Any,
         worker: "w".into(),
         limit,
         lease: Duration::from_secs(30),
@@ -176,10 +177,270 @@ conformance!(
     list_by_every_state_and_counts,
     large_mixed_batch_applies_each_item_alone,
     check_writable_commits_a_write,
+    claim_takes_only_the_given_kinds,
+    workers_register_beat_expire_and_flag_unhandled_kinds,
+    list_by_key_across_queues,
 );
 
 mod cases {
     use super::*;
+
+    pub(super) async fn claim_takes_only_the_given_kinds(s: &Store) {
+        let now = ms(T0);
+        // The `charge` job is first in claim order (lowest priority value).
+        let charge = s
+            .enqueue(&NewJob::new("q", "charge", json!({})).priority(-5), now)
+            .await
+            .unwrap()
+            .job;
+        let http = s
+            .enqueue(&NewJob::new("q", "http", json!({})), now)
+            .await
+            .unwrap()
+            .job;
+        let noop = s.enqueue(&job("q"), now).await.unwrap().job;
+        let other = s
+            .enqueue(&NewJob::new("q2", "charge", json!({})), now)
+            .await
+            .unwrap()
+            .job;
+        let only = |k: &[&str]| Kinds::only(k.iter().copied());
+        let claim = |queues: &[&str], kinds: Kinds, worker: &str| ClaimParams {
+            queues: queues.iter().map(|q| q.to_string()).collect(),
+            kinds,
+            worker: worker.into(),
+            limit: 10,
+            lease: Duration::from_secs(30),
+            now,
+        };
+        // No kind: nothing, whatever is waiting.
+        assert!(
+            s.claim(&claim(&["q"], Kinds::Only(vec![]), "w"))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(
+            s.next_due_for(&["q".into()], &Kinds::Only(vec![]))
+                .await
+                .unwrap(),
+            None
+        );
+        // One queue (the single-queue statement) and two queues (the list statement).
+        let got = s
+            .claim(&claim(&["q"], only(&["http", "noop"]), "w1"))
+            .await
+            .unwrap();
+        let ids: Vec<i64> = got.iter().map(|j| j.id).collect();
+        assert_eq!(
+            ids,
+            [http.id, noop.id],
+            "charge is first in order but not taken"
+        );
+        assert!(
+            s.claim(&claim(
+                &["q", "q2"],
+                only(&["http", "noop", "refund"]),
+                "w1"
+            ))
+            .await
+            .unwrap()
+            .is_empty()
+        );
+        // The charges are untouched: no lease, no attempt, no change.
+        for id in [charge.id, other.id] {
+            let j = s.get(id).await.unwrap().unwrap();
+            assert_eq!(
+                (j.state, j.attempts, j.lease_token, j.lease_owner.as_deref()),
+                (JobState::Available, 0, 0, None)
+            );
+            assert!(s.attempts(id).await.unwrap().is_empty());
+        }
+        // What a worker of some kinds waits for.
+        let qs: Vec<String> = vec!["q".into(), "q2".into()];
+        assert_eq!(s.next_due_for(&qs, &only(&["http"])).await.unwrap(), None);
+        assert_eq!(
+            s.next_due_for(&qs, &only(&["charge"])).await.unwrap(),
+            Some(now)
+        );
+        assert_eq!(s.next_due_for(&qs, &Kinds::Any).await.unwrap(), Some(now));
+        assert_eq!(s.next_due(&qs).await.unwrap(), Some(now));
+        // A worker that runs `charge` takes both, in claim order.
+        let got = s
+            .claim(&claim(&["q", "q2"], only(&["charge"]), "w2"))
+            .await
+            .unwrap();
+        let ids: Vec<i64> = got.iter().map(|j| j.id).collect();
+        assert_eq!(ids, [charge.id, other.id]);
+        assert!(got.iter().all(|j| j.lease_owner.as_deref() == Some("w2")));
+        // `Any` takes every kind.
+        let a = s
+            .enqueue(&NewJob::new("q", "x", json!({})), now)
+            .await
+            .unwrap()
+            .job;
+        let b = s
+            .enqueue(&NewJob::new("q", "y", json!({})), now)
+            .await
+            .unwrap()
+            .job;
+        let got = s.claim(&claim(&["q"], Kinds::Any, "w3")).await.unwrap();
+        let ids: Vec<i64> = got.iter().map(|j| j.id).collect();
+        assert_eq!(ids, [a.id, b.id]);
+    }
+
+    pub(super) async fn workers_register_beat_expire_and_flag_unhandled_kinds(s: &Store) {
+        let t0 = ms(T0);
+        let info = |name: &str, queues: &[&str], kinds: Kinds| WorkerInfo {
+            name: name.into(),
+            host: "host-a".into(),
+            pid: 4711,
+            queues: queues.iter().map(|q| q.to_string()).collect(),
+            kinds,
+            concurrency: 4,
+            started_at: t0,
+            last_seen: t0,
+        };
+        assert!(s.workers(t0).await.unwrap().is_empty());
+        for (q, k) in [
+            ("q", "charge"),
+            ("q", "http"),
+            ("q3", "noop"),
+            ("q", "charge"),
+        ] {
+            s.enqueue(&NewJob::new(q, k, json!({})), t0).await.unwrap();
+        }
+        // A finished job of an unhandled kind is not waiting: not flagged.
+        let done_job = s
+            .enqueue(&NewJob::new("q", "gone", json!({})), t0)
+            .await
+            .unwrap()
+            .job;
+        s.cancel(done_job.id, t0).await.unwrap();
+        // No live worker: everything waiting is flagged, per queue and kind.
+        let flagged = |u: Vec<Unhandled>| -> Vec<(String, String, u64)> {
+            u.into_iter().map(|u| (u.queue, u.kind, u.jobs)).collect()
+        };
+        assert_eq!(
+            flagged(s.unhandled(t0).await.unwrap()),
+            [
+                ("q".to_owned(), "charge".to_owned(), 2),
+                ("q".to_owned(), "http".to_owned(), 1),
+                ("q3".to_owned(), "noop".to_owned(), 1),
+            ]
+        );
+        let w1 = info("w1", &[], Kinds::only(["http", "noop"]));
+        let w2 = info("w2", &["q"], Kinds::Any);
+        s.register_worker(&w1, t0).await.unwrap();
+        s.register_worker(&w2, t0).await.unwrap();
+        assert_eq!(s.workers(t0).await.unwrap(), [w1.clone(), w2.clone()]);
+        // Every queue and any kind of q: nothing unhandled.
+        assert!(s.unhandled(t0).await.unwrap().is_empty());
+        // w1 beats, w2 does not: after the staleness w2 is gone (and its row deleted).
+        let beat = t0 + chrono::Duration::seconds(50);
+        assert!(s.worker_heartbeat("w1", beat).await.unwrap());
+        let later = t0
+            + chrono::Duration::from_std(WORKER_STALE_AFTER).unwrap()
+            + chrono::Duration::seconds(1);
+        let live = s.workers(later).await.unwrap();
+        assert_eq!(live.len(), 1);
+        assert_eq!((live[0].name.as_str(), live[0].last_seen), ("w1", beat));
+        assert!(
+            !s.worker_heartbeat("w2", later).await.unwrap(),
+            "w2's row was deleted"
+        );
+        assert_eq!(
+            flagged(s.unhandled(later).await.unwrap()),
+            [("q".to_owned(), "charge".to_owned(), 2)]
+        );
+        // A worker of `charge` on another queue does not help; one on q does.
+        s.register_worker(&info("w3", &["q2"], Kinds::only(["charge"])), later)
+            .await
+            .unwrap();
+        assert_eq!(s.unhandled(later).await.unwrap().len(), 1);
+        s.register_worker(&info("w4", &["q", "q2"], Kinds::only(["charge"])), later)
+            .await
+            .unwrap();
+        assert!(s.unhandled(later).await.unwrap().is_empty());
+        // Re-registering replaces the row; a clean stop removes it.
+        let mut w1b = w1.clone();
+        w1b.pid = 4712;
+        s.register_worker(&w1b, later).await.unwrap();
+        let got = s.workers(later).await.unwrap();
+        assert_eq!(got.iter().find(|w| w.name == "w1").unwrap().pid, 4712);
+        assert!(s.unregister_worker("w1").await.unwrap());
+        assert!(!s.unregister_worker("w1").await.unwrap());
+        let names: Vec<String> = s
+            .workers(later)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|w| w.name)
+            .collect();
+        assert_eq!(names, ["w3", "w4"]);
+        // A bad name is refused, naming the field.
+        let e = s
+            .register_worker(&info("", &[], Kinds::Any), later)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("name"), "{e}");
+    }
+
+    pub(super) async fn list_by_key_across_queues(s: &Store) {
+        let now = ms(T0);
+        let a = s
+            .enqueue(&job("q1").key("order-4711"), now)
+            .await
+            .unwrap()
+            .job;
+        let b = s
+            .enqueue(&job("q2").key("order-4711"), now)
+            .await
+            .unwrap()
+            .job;
+        s.enqueue(&job("q1").key("order-4712"), now).await.unwrap();
+        s.enqueue(&job("q1"), now).await.unwrap();
+        let by = |key: &str, queue: Option<&str>, state: Option<JobState>| ListParams {
+            key: Some(key.into()),
+            queue: queue.map(str::to_owned),
+            state,
+            ..Default::default()
+        };
+        let ids = |p: Page| p.jobs.into_iter().map(|j| j.id).collect::<Vec<_>>();
+        assert_eq!(
+            ids(s.list(&by("order-4711", None, None)).await.unwrap()),
+            [a.id, b.id]
+        );
+        assert_eq!(
+            ids(s.list(&by("order-4711", Some("q2"), None)).await.unwrap()),
+            [b.id]
+        );
+        assert!(
+            s.list(&by("order-0", None, None))
+                .await
+                .unwrap()
+                .jobs
+                .is_empty()
+        );
+        // With a state, and paginated.
+        s.cancel(b.id, now).await.unwrap();
+        let p = by("order-4711", None, Some(JobState::Cancelled));
+        assert_eq!(ids(s.list(&p).await.unwrap()), [b.id]);
+        let p = ListParams {
+            limit: Some(1),
+            ..by("order-4711", None, None)
+        };
+        let first = s.list(&p).await.unwrap();
+        assert_eq!((ids(first.clone()), first.next), (vec![a.id], Some(a.id)));
+        let rest = s
+            .list(&ListParams {
+                after: first.next,
+                ..p
+            })
+            .await
+            .unwrap();
+        assert_eq!((ids(rest.clone()), rest.next), (vec![b.id], None));
+    }
 
     pub(super) async fn check_writable_commits_a_write(s: &Store) {
         s.check_file().unwrap();

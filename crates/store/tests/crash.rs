@@ -51,6 +51,7 @@ async fn crash_child() {
     let jobs = store
         .claim(&ClaimParams {
             queues: vec!["crash".into()],
+            kinds: Kinds::Any,
             worker: "child".into(),
             limit: 200,
             lease: Duration::from_secs(1),
@@ -118,6 +119,7 @@ async fn crash_case(store: Store, url: String) {
         let got = store
             .claim(&ClaimParams {
                 queues: vec!["crash".into()],
+                kinds: Kinds::Any,
                 worker: "survivor".into(),
                 limit: 100,
                 lease: Duration::from_secs(30),

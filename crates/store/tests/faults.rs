@@ -57,6 +57,7 @@ async fn a_failing_disk_fails_writes_only_while_it_fails() {
     let jobs = store
         .claim(&ClaimParams {
             queues: vec!["q".into()],
+            kinds: Kinds::Any,
             worker: "w".into(),
             limit: 10,
             lease: std::time::Duration::from_secs(30),

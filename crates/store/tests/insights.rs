@@ -80,6 +80,7 @@ async fn run_once(
     let job = s
         .claim(&ClaimParams {
             queues: vec![queue.into()],
+            kinds: Kinds::Any,
             worker: "w".into(),
             limit: 1,
             lease: Duration::from_secs(30),

@@ -295,6 +295,7 @@ async fn drain(store: Store, w: u32, pb: ProgressBar) -> anyhow::Result<u64> {
         let got = store
             .claim(&ClaimParams {
                 queues: vec![QUEUE.into()],
+                kinds: redrive_store::Kinds::only(["noop"]),
                 worker: format!("bench-{w}"),
                 limit: CLAIM_BATCH,
                 lease: Duration::from_secs(60),
@@ -352,6 +353,7 @@ async fn pickup(store: &Store, samples: usize) -> anyhow::Result<Vec<f64>> {
                 let got = store
                     .claim(&ClaimParams {
                         queues: vec![QUEUE.into()],
+                        kinds: redrive_store::Kinds::only(["noop"]),
                         worker: "pickup".into(),
                         limit: 10,
                         lease: Duration::from_secs(60),

@@ -1,4 +1,5 @@
-//! The queue commands: `migrate`, `enqueue`, `jobs`, `show`, `dead`, `cancel`, `stats`, `breakers`.
+//! The queue commands: `migrate`, `enqueue`, `jobs`, `show`, `dead`, `cancel`, `stats`,
+//! `workers`, `breakers`.
 
 use crate::out::{out, outln};
 use std::io::{IsTerminal, Read, Write};
@@ -248,6 +249,7 @@ pub(crate) fn jobs(global: &Global, a: JobsArgs) -> anyhow::Result<ExitCode> {
             .list(&ListParams {
                 state,
                 queue: a.queue.clone(),
+                key: a.key.clone(),
                 after: a.after,
                 limit: Some(a.limit.min(1000)),
                 ..Default::default()
@@ -312,14 +314,56 @@ fn truncate(s: &str, n: usize) -> String {
     }
 }
 
+/// The job `show` is about: by id, or by key (and queue).
+async fn find_job(store: &Store, a: &ShowArgs) -> anyhow::Result<Job> {
+    let Some(key) = &a.key else {
+        if a.queue.is_some() {
+            return Err(usage(
+                "--queue goes with --key (a job id names one job on its own)",
+            ));
+        }
+        let id = a.id.ok_or_else(|| usage("give a job id or --key"))?;
+        return Ok(store.get(id).await?.ok_or(StoreError::NotFound(id))?);
+    };
+    // A key is unique per queue: at most one job per queue holds it.
+    let page = store
+        .list(&ListParams {
+            key: Some(key.clone()),
+            queue: a.queue.clone(),
+            limit: Some(1000),
+            ..Default::default()
+        })
+        .await?;
+    let mut jobs = page.jobs;
+    match jobs.len() {
+        0 => match &a.queue {
+            Some(q) => anyhow::bail!("no job with key {key:?} on queue {q:?}"),
+            None => anyhow::bail!("no job with key {key:?}"),
+        },
+        1 => Ok(jobs.remove(0)),
+        _ => {
+            let held: Vec<String> = jobs
+                .iter()
+                .map(|j| format!("{} (job {})", j.queue, j.id))
+                .collect();
+            Err(usage(format!(
+                "--key: {key:?} is held by jobs on {} queues: {}; add --queue QUEUE to pick one",
+                jobs.len(),
+                held.join(", ")
+            )))
+        }
+    }
+}
+
 pub(crate) fn show(global: &Global, a: ShowArgs) -> anyhow::Result<ExitCode> {
     block_on(async move {
         let store = open_existing(global).await?;
-        let job = store.get(a.id).await?.ok_or(StoreError::NotFound(a.id))?;
+        let job = find_job(&store, &a).await?;
+        let id = job.id;
         // Secrets (headers, URL credentials, API keys) never reach the screen.
         let job = shown(job);
         let attempts: Vec<Attempt> = store
-            .attempts(a.id)
+            .attempts(id)
             .await?
             .into_iter()
             .map(shown_attempt)
@@ -666,10 +710,13 @@ pub(crate) fn stats(global: &Global, a: JsonArgs) -> anyhow::Result<ExitCode> {
         let store = open_existing(global).await?;
         let counts = store.counts().await?;
         let deps = store.dependencies().await?;
+        let unhandled = store.unhandled(chrono::Utc::now()).await?;
         if a.json {
             outln!(
                 "{}",
-                serde_json::to_string_pretty(&json!({"counts": counts, "breakers": deps}))?
+                serde_json::to_string_pretty(
+                    &json!({"counts": counts, "breakers": deps, "unhandled": unhandled})
+                )?
             );
             return Ok(ExitCode::SUCCESS);
         }
@@ -694,7 +741,90 @@ pub(crate) fn stats(global: &Global, a: JsonArgs) -> anyhow::Result<ExitCode> {
         if queues.is_empty() {
             outln!("(no jobs)");
         }
+        print_unhandled(&unhandled)?;
         print_breakers(&deps)?;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// Jobs waiting for a queue and kind that no live worker runs, if any.
+fn print_unhandled(unhandled: &[redrive_store::Unhandled]) -> anyhow::Result<()> {
+    if unhandled.is_empty() {
+        return Ok(());
+    }
+    outln!("waiting for a kind no live worker runs (see `redrive workers`):");
+    outln!(
+        "  {:<16} {:<16} {:>8}  OLDEST RUN AT",
+        "QUEUE",
+        "KIND",
+        "JOBS"
+    );
+    for u in unhandled {
+        outln!(
+            "  {:<16} {:<16} {:>8}  {}",
+            truncate(&u.queue, 16),
+            truncate(&u.kind, 16),
+            u.jobs,
+            u.oldest_run_at.format("%Y-%m-%d %H:%M:%S")
+        );
+    }
+    Ok(())
+}
+
+/// How a worker's kinds are shown: `any`, or the list.
+pub(crate) fn kinds_text(k: &redrive_store::Kinds) -> String {
+    match k.as_list() {
+        None => "any".into(),
+        Some(list) => list.join(","),
+    }
+}
+
+pub(crate) fn workers(global: &Global, a: JsonArgs) -> anyhow::Result<ExitCode> {
+    block_on(async move {
+        let store = open_existing(global).await?;
+        let now = chrono::Utc::now();
+        let workers = store.workers(now).await?;
+        let stale = redrive_store::WORKER_STALE_AFTER.as_secs();
+        if a.json {
+            outln!(
+                "{}",
+                serde_json::to_string_pretty(
+                    &json!({"workers": workers, "stale_after_seconds": stale})
+                )?
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        outln!(
+            "{:<28} {:<16} {:>8} {:<16} {:<16} {:>5}  {:<20} LAST SEEN",
+            "NAME",
+            "HOST",
+            "PID",
+            "QUEUES",
+            "KINDS",
+            "CONC",
+            "STARTED"
+        );
+        for w in &workers {
+            let queues = if w.queues.is_empty() {
+                "all".to_owned()
+            } else {
+                w.queues.join(",")
+            };
+            outln!(
+                "{:<28} {:<16} {:>8} {:<16} {:<16} {:>5}  {:<20} {}s ago",
+                truncate(&w.name, 28),
+                truncate(&w.host, 16),
+                w.pid,
+                truncate(&queues, 16),
+                truncate(&kinds_text(&w.kinds), 16),
+                w.concurrency,
+                w.started_at.format("%Y-%m-%d %H:%M:%S"),
+                (now - w.last_seen).num_seconds().max(0)
+            );
+        }
+        if workers.is_empty() {
+            outln!("(no live workers; a worker not seen for {stale}s counts as gone)");
+        }
         Ok(ExitCode::SUCCESS)
     })
 }

@@ -3,13 +3,11 @@
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
-use std::sync::Arc;
-
 use anyhow::Context;
 use metrics_exporter_prometheus::PrometheusBuilder;
 use redrive_http::HttpJob;
 use redrive_policy::StatusTable;
-use redrive_runtime::{Noop, Worker};
+use redrive_runtime::Worker;
 use redrive_service::{AppConfig, ConnLimits, ReadyCheck, ServiceConfig, ServiceError};
 use tokio_util::sync::CancellationToken;
 
@@ -27,6 +25,7 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
     })?;
     let token = token(&a)?;
     redrive_service::check_exposure(&addr, token.as_deref()).map_err(|e| usage(e.to_string()))?;
+    let kinds = crate::cmd::work::chosen_kinds(&a.kinds)?;
     let (set, egress) = policies::load_for_workers(global, &a.egress)?;
     let http = HttpJob::with_egress(StatusTable::default(), egress)?;
     block_on(async move {
@@ -34,17 +33,20 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
         let prometheus = PrometheusBuilder::new()
             .install_recorder()
             .context("installing the Prometheus recorder")?;
-        // `--workers N`: a worker pool over every queue in this process; without it the
-        // service only enqueues and shows, and workers run elsewhere (`redrive work`).
+        // `--workers N`: a worker pool in this process over the `--queue`s (default: every
+        // queue) for the `--kind`s (default: the built-in ones); without it the service only
+        // enqueues and shows, and workers run elsewhere (`redrive work`, your own).
         let stop = CancellationToken::new();
         let mut ready_checks = Vec::new();
         let workers = if a.workers > 0 {
-            let w = Worker::builder(store.clone(), Vec::new())
-                .handler("noop", Arc::new(Noop))
-                .handler("http", Arc::new(http))
-                .policies(set.clone())
-                .concurrency(a.workers as usize)
-                .build();
+            let w = crate::cmd::work::with_builtin_handlers(
+                Worker::builder(store.clone(), a.queues.clone()),
+                &kinds,
+                http,
+            )
+            .policies(set.clone())
+            .concurrency(a.workers as usize)
+            .build();
             let health = w.health();
             let run = {
                 let stop = stop.clone();

@@ -1,4 +1,6 @@
-//! `redrive work`: run workers over the queues, with the built-in kinds `noop` and `http`.
+//! `redrive work`: run workers over the queues, with the built-in kinds `noop` and `http`
+//! (`--kind` picks some of them). A worker claims only the kinds it runs: jobs of other kinds
+//! wait for a worker that runs them (your own, built with `redrive-runtime`).
 //!
 //! SIGINT or SIGTERM starts a graceful shutdown: no more claims, running attempts get the
 //! grace period to finish, jobs waiting to retry are handed back for their planned time, and
@@ -12,14 +14,53 @@ use std::sync::Arc;
 use anyhow::Context;
 use redrive_http::HttpJob;
 use redrive_policy::StatusTable;
-use redrive_runtime::{Noop, Summary, Worker};
+use redrive_runtime::{Noop, Summary, Worker, WorkerBuilder};
 use tokio_util::sync::CancellationToken;
 
 use crate::args::{Global, WorkArgs};
 use crate::cmd::queue::{block_on, open};
+use crate::error::usage;
 use crate::policies;
 
+/// The kinds `redrive work` and `redrive serve --workers` can run.
+pub(crate) const BUILTIN_KINDS: [&str; 2] = ["noop", "http"];
+
+/// The built-in kinds chosen by `--kind` (none given: all of them); a kind that is not
+/// built in is a usage error naming it.
+pub(crate) fn chosen_kinds(kinds: &[String]) -> anyhow::Result<Vec<&'static str>> {
+    if kinds.is_empty() {
+        return Ok(BUILTIN_KINDS.to_vec());
+    }
+    kinds
+        .iter()
+        .map(|k| {
+            BUILTIN_KINDS.iter().copied().find(|b| b == k).ok_or_else(|| {
+                usage(format!(
+                    "--kind: {k:?} is not a kind this command runs (it runs {}); run your own kinds with a worker built on the redrive-runtime library",
+                    BUILTIN_KINDS.join(", ")
+                ))
+            })
+        })
+        .collect()
+}
+
+/// Registers the handlers of the chosen built-in kinds: the worker claims only those.
+pub(crate) fn with_builtin_handlers(
+    mut b: WorkerBuilder,
+    kinds: &[&str],
+    http: HttpJob,
+) -> WorkerBuilder {
+    if kinds.contains(&"noop") {
+        b = b.handler("noop", Arc::new(Noop));
+    }
+    if kinds.contains(&"http") {
+        b = b.handler("http", Arc::new(http));
+    }
+    b
+}
+
 pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
+    let kinds = chosen_kinds(&a.kinds)?;
     let (set, egress) = policies::load_for_workers(global, &a.egress)?;
     let http = HttpJob::with_egress(StatusTable::default(), egress)?;
     block_on(async move {
@@ -31,9 +72,7 @@ pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
             eprintln!("metrics on http://{addr}/metrics");
         }
         let store = open(global).await?;
-        let worker = Worker::builder(store, a.queues.clone())
-            .handler("noop", Arc::new(Noop))
-            .handler("http", Arc::new(http))
+        let worker = with_builtin_handlers(Worker::builder(store, a.queues.clone()), &kinds, http)
             .policies(set)
             .concurrency(a.concurrency as usize)
             .shutdown_grace(a.shutdown_grace)
