@@ -181,6 +181,22 @@ impl Fleet {
         })
     }
 
+    /// Just before a call at a send slot that was waited for ([`Gate::At`]): may it still go?
+    /// The breaker may have opened (by this process or, as last read, by another) or the
+    /// dependency been paused during the wait. [`Gate::Go`] or [`Gate::Blocked`].
+    pub(crate) async fn at_slot(&self, dep: &str, now: Timestamp) -> Result<Gate, StoreError> {
+        let row = self.row(dep, false).await?;
+        let flow = row.map(|d| d.flow).unwrap_or_default();
+        Ok(match self.with(dep, |e| e.client.at_slot(&flow, now)) {
+            None => Gate::Go { probe: false },
+            Some(Next::Blocked { until, reason }) => Gate::Blocked { until, reason },
+            Some(_) => Gate::Blocked {
+                until: now,
+                reason: DeferReason::BreakerOpen,
+            },
+        })
+    }
+
     /// Until when `dep` is blocked (open, paused, forced open), as the fleet says now.
     pub(crate) async fn blocked_until(
         &self,

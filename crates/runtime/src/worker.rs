@@ -904,6 +904,15 @@ impl Run {
                     }
                 }
                 waited_since = None;
+                // After the wait for a send slot the breaker may have opened, or the
+                // dependency been paused: look again before calling.
+                let (gate, now) = match gate {
+                    Ok(Gate::At { at }) if at > now => {
+                        let now = clock.now();
+                        (self.w.fleet.at_slot(dep, now).await, now)
+                    }
+                    gate => (gate, now),
+                };
                 match gate {
                     Ok(Gate::Go { probe: p }) => probe = p,
                     Ok(Gate::At { .. } | Gate::Wait { .. }) => {}

@@ -736,3 +736,66 @@ async fn a_send_slot_beyond_the_reservation_horizon_is_waited_for_in_process() {
     }
     assert!(at[7] - at[0] >= Duration::from_millis(3_490));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_call_waiting_for_its_send_slot_is_not_made_once_the_breaker_opened() {
+    // 2 calls per second and four jobs at once: the first calls now and fails 200 ms later,
+    // which opens the breaker (one failure is enough here); the others hold send slots
+    // 0.5 s, 1 s and 1.5 s ahead by then. Waking at its slot, each looks at the breaker again: none calls the
+    // dependency while it is open, all are deferred.
+    let e = env().await;
+    for _ in 0..4 {
+        e.enqueue(NewJob::new("q", "k", json!({})).dependency("psp"))
+            .await;
+    }
+    let mut set = PolicySet::builtin();
+    let breaker = BreakerConfig::builder()
+        .with_window(Window::Count { size: 10 })
+        .with_minimum_calls(1)
+        .with_failure_rate(0.5)
+        .with_open_cooldown(Duration::from_secs(30))
+        .with_half_open_probes(1)
+        .build()
+        .unwrap();
+    set.insert_flow(
+        "psp",
+        redrive_policy::FlowConfig::default()
+            .with_breaker(breaker)
+            .with_rate(
+                redrive_policy::RateConfig::fixed(2.0)
+                    .unwrap()
+                    .with_burst(0),
+            ),
+    );
+    let h = Arc::new(SlowFirstFails::default());
+    let s = e
+        .worker("k", h.clone())
+        .policies(set)
+        .concurrency(4)
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!(e.dependency("psp").await.flow.state, BreakerState::Open);
+    assert_eq!(h.0.load(Ordering::SeqCst), 1, "{s:?}");
+    assert_eq!((s.attempts, s.deferred), (1, 4), "{s:?}");
+}
+
+/// The first call fails after 200 ms (the others have taken their send slots by then); every
+/// later call succeeds at once. Counts calls.
+#[derive(Debug, Default)]
+struct SlowFirstFails(AtomicU32);
+
+impl Handler for SlowFirstFails {
+    fn run(&self, _ctx: JobContext) -> BoxFuture<'static, Attempted> {
+        let n = self.0.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            if n == 0 {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                infra()
+            } else {
+                ok()
+            }
+        })
+    }
+}

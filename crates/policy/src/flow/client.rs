@@ -179,6 +179,27 @@ impl FlowClient {
         }
     }
 
+    /// Just before a call whose send slot ([`Next::CallAt`]) was waited for: the breaker may
+    /// have opened, or the dependency been paused, during the wait. `None`: call now, with
+    /// the slot in hand; otherwise what to do instead (the slot is given up). A breaker gone
+    /// half-open in the meantime takes probes only, so the call is held back as well.
+    ///
+    /// ```
+    /// use redrive_policy::{FlowClient, FlowConfig, FlowRow};
+    /// let mut client = FlowClient::new(FlowConfig::default(), 1);
+    /// assert_eq!(client.at_slot(&FlowRow::default(), chrono::Utc::now()), None);
+    /// ```
+    pub fn at_slot(&mut self, row: &FlowRow, now: Timestamp) -> Option<Next> {
+        match self.look(row, now) {
+            Ok(_) => None,
+            Err(Next::Apply(_)) => Some(Next::Blocked {
+                until: now,
+                reason: DeferReason::BreakerOpen,
+            }),
+            Err(next) => Some(next),
+        }
+    }
+
     /// The row's verdict, and this process's own opening on its way to the row: `Ok` when a
     /// call may go (now or at a send slot), else what to do instead.
     fn look(&mut self, row: &FlowRow, now: Timestamp) -> Result<Check, Next> {

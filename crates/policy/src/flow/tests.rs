@@ -872,3 +872,62 @@ fn a_process_whose_window_tripped_calls_nothing_before_the_row_says_open() {
         Next::Call { probe: false }
     );
 }
+
+#[test]
+fn a_call_at_a_slot_waited_for_looks_again_at_the_breaker() {
+    let c = cfg().with_rate(RateConfig::fixed(10.0).unwrap());
+    let mut r = rng();
+    let row = FlowRow::default();
+    let mut reserve = |client: &mut FlowClient, now| {
+        let Next::Apply(ev) = client.before_call(&row, false, AHEAD, now) else {
+            panic!("a reservation first")
+        };
+        let step = c.apply(&row, ev, now, &mut r);
+        let Next::CallAt { at } = client.granted(step.grant, AHEAD, now) else {
+            panic!("a slot")
+        };
+        at
+    };
+    // Nothing changed during the wait: the call goes with its slot.
+    let mut client = FlowClient::new(c.clone(), 1);
+    let at = reserve(&mut client, t0());
+    assert_eq!(client.at_slot(&row, at), None);
+    // The row opened during the wait (another process, or this one's write): held back.
+    let mut client = FlowClient::new(c.clone(), 1);
+    let at = reserve(&mut client, t0());
+    let open = open_row(&c, at_ms(50));
+    assert!(matches!(
+        client.at_slot(&open, at.max(at_ms(60))),
+        Some(Next::Blocked {
+            reason: DeferReason::BreakerOpen,
+            ..
+        })
+    ));
+    // This process's own window tripped during the wait, the row not yet written: held back.
+    let mut client = FlowClient::new(c.clone(), 1);
+    let at = reserve(&mut client, t0());
+    for ms in 0..4 {
+        client.after_call(
+            &row,
+            false,
+            FailureClass::Infrastructure,
+            Duration::ZERO,
+            None,
+            at_ms(ms),
+        );
+    }
+    assert!(matches!(
+        client.at_slot(&row, at.max(at_ms(5))),
+        Some(Next::Blocked {
+            reason: DeferReason::BreakerOpen,
+            ..
+        })
+    ));
+    // Half-open by the time the slot came: probes only, so not this call.
+    let mut client = FlowClient::new(c.clone(), 1);
+    reserve(&mut client, t0());
+    assert!(matches!(
+        client.at_slot(&open, at_ms(1500)),
+        Some(Next::Blocked { .. })
+    ));
+}
