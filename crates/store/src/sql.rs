@@ -51,10 +51,12 @@ pub(crate) struct Sql {
 
 const CLAIMABLE: &str = "j.state IN ('scheduled', 'available', 'deferred') AND j.run_at <= $1 \
     AND j.queue IN JSON_TEXTS_2 \
+    AND NOT EXISTS (SELECT 1 FROM redrive_paused_queues pq WHERE pq.queue = j.queue) \
     AND (j.dependency IS NULL OR NOT EXISTS (SELECT 1 FROM redrive_dependencies d \
          WHERE d.name = j.dependency AND ((d.paused_until IS NOT NULL AND d.paused_until > $1) \
-           OR (d.state = 'open' AND (d.open_until IS NULL OR d.open_until > $1)) \
-           OR (d.state = 'half_open' AND d.probe_permits <= 0))))";
+           OR d.mode = 'forced_open' OR (d.mode = 'normal' AND \
+           ((d.state = 'open' AND (d.open_until IS NULL OR d.open_until > $1)) \
+           OR (d.state = 'half_open' AND d.probe_permits <= 0))))))";
 
 impl Sql {
     pub(crate) fn new(dialect: Dialect) -> Self {
@@ -185,7 +187,9 @@ impl Sql {
                    COALESCE(d.paused_until, 0), \
                    CASE WHEN d.state = 'open' THEN COALESCE(d.open_until, 0) ELSE 0 END) END) \
                  FROM redrive_jobs j LEFT JOIN redrive_dependencies d ON d.name = j.dependency \
-                 WHERE j.state IN ('scheduled', 'available', 'deferred') AND j.queue IN JSON_TEXTS_1"
+                 WHERE j.state IN ('scheduled', 'available', 'deferred') AND j.queue IN JSON_TEXTS_1 \
+                 AND NOT EXISTS (SELECT 1 FROM redrive_paused_queues pq WHERE pq.queue = j.queue) \
+                 AND (d.mode IS NULL OR d.mode <> 'forced_open')"
                     .into(),
             ),
             get_dep: fill(format!("SELECT {DEP_COLS} FROM redrive_dependencies WHERE name = $1")),
@@ -240,7 +244,7 @@ impl Sql {
     }
 }
 
-const REPLAY_SET: &str = "state = 'available', run_at = $1, attempts = 0, exceptions = 0, defers = 0, \
+pub(crate) const REPLAY_SET: &str = "state = 'available', run_at = $1, attempts = 0, exceptions = 0, defers = 0, \
     consecutive_auth = 0, prev_delay_ms = NULL, first_attempt_at = NULL, \
     deadline = CASE WHEN ttl_ms IS NULL THEN NULL ELSE $1 + ttl_ms END, dead_reason = NULL, \
     defer_reason = NULL, replays = replays + 1, finished_at = NULL, updated_at = $1";
