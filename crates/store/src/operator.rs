@@ -685,7 +685,7 @@ macro_rules! operator_ops {
                             .bind(millis(now))
                             .bind(t.from.as_str())
                             .bind(t.to.as_str())
-                            .bind(format!("{} by {}", t.reason, actor.name))
+                            .bind(format!("{} ({} via {})", t.reason, actor.name, actor.via))
                             .execute(&mut *tx)
                             .await?;
                     }
