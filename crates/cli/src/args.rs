@@ -379,8 +379,19 @@ pub(crate) struct ServeArgs {
     /// Bearer token every `/v1` call (and `/metrics`) must carry. Prefer REDRIVE_API_TOKEN or
     /// --token-file: a command line is visible to every user of the machine. Beyond loopback
     /// it needs at least 16 characters.
+    ///
+    /// `label:secret` labels it (the audit trail names the label; a plain secret is labelled
+    /// `token`); repeat to accept several.
     #[arg(long, env = "REDRIVE_API_TOKEN", hide_env_values = true)]
-    pub(crate) token: Option<String>,
+    pub(crate) token: Vec<String>,
+    /// A read-only token, `label:secret` (repeatable): GET requests only; any write gets 403.
+    #[arg(
+        long = "read-token",
+        env = "REDRIVE_API_READ_TOKEN",
+        hide_env_values = true,
+        value_name = "LABEL:SECRET"
+    )]
+    pub(crate) read_tokens: Vec<String>,
     /// Read the token from the first line of this file (trimmed); not with --token or
     /// REDRIVE_API_TOKEN.
     #[arg(long = "token-file", value_name = "PATH")]

@@ -810,5 +810,9 @@ fn the_openapi_document_lists_the_front_door_answers() {
             }
         }
     }
-    assert_eq!(writes, 3, "POST /v1/jobs, replay, cancel");
+    assert_eq!(
+        writes, 11,
+        "POST /v1/jobs, replay, cancel, and the operator's: queue pause and resume, dependency \
+         pause and resume, breaker force, run-now, bulk"
+    );
 }
