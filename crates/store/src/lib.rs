@@ -350,6 +350,18 @@ impl Store {
         dispatch!(self, s => s.resume_queue_impl(queue, actor, now).await)
     }
 
+    /// Dead jobs that died at or after `since`, by the time they died (then id): at most
+    /// `limit` (1..=10000). What alerts watch.
+    pub async fn dead_since(&self, since: Timestamp, limit: u32) -> Result<Vec<Job>> {
+        dispatch!(self, s => s.dead_since_impl(since, limit).await)
+    }
+
+    /// Per queue that is not paused, the `run_at` of its oldest job due by `now` and not yet
+    /// claimed (how long its backlog has waited), by queue name.
+    pub async fn oldest_due(&self, now: Timestamp) -> Result<Vec<(String, Timestamp)>> {
+        dispatch!(self, s => s.oldest_due_impl(now).await)
+    }
+
     /// The paused queues, by name.
     pub async fn paused_queues(&self) -> Result<Vec<PausedQueue>> {
         dispatch!(self, s => s.paused_queues_impl().await)

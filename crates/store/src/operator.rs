@@ -258,6 +258,8 @@ pub(crate) struct OpSql {
     pub(crate) paused_queues: Arc<str>,
     pub(crate) insert_audit: Arc<str>,
     pub(crate) audit: Arc<str>,
+    pub(crate) dead_since: Arc<str>,
+    pub(crate) oldest_due: Arc<str>,
 }
 
 fn fill(dialect: Dialect, s: &str) -> Arc<str> {
@@ -353,6 +355,21 @@ impl OpSql {
                 dialect,
                 "SELECT id, at, actor, via, action, target, row_count FROM redrive_audit \
                  WHERE ($1 IS NULL OR id < $1) ORDER BY id DESC LIMIT $2",
+            ),
+            dead_since: fill(
+                dialect,
+                &format!(
+                    "SELECT {} FROM redrive_jobs WHERE state = 'dead' AND finished_at >= $1 \
+                     ORDER BY finished_at, id LIMIT $2",
+                    crate::rows::JOB_COLS
+                ),
+            ),
+            oldest_due: fill(
+                dialect,
+                "SELECT j.queue, MIN(j.run_at) FROM redrive_jobs j \
+                 WHERE j.state IN ('scheduled', 'available', 'deferred') AND j.run_at <= $1 \
+                 AND NOT EXISTS (SELECT 1 FROM redrive_paused_queues pq WHERE pq.queue = j.queue) \
+                 GROUP BY j.queue ORDER BY j.queue",
             ),
         }
     }
@@ -593,6 +610,35 @@ macro_rules! operator_ops {
                     self.wake();
                 }
                 Ok(n > 0)
+            }
+
+            pub(crate) async fn dead_since_impl(
+                &self,
+                since: redrive_policy::Timestamp,
+                limit: u32,
+            ) -> crate::Result<Vec<crate::Job>> {
+                let rows: Vec<crate::rows::JobRow> =
+                    sqlx::query_as(sqlx::AssertSqlSafe(self.op_sql().dead_since.clone()))
+                        .bind(crate::model::millis(since))
+                        .bind(i64::from(limit.clamp(1, 10_000)))
+                        .fetch_all(&self.read)
+                        .await?;
+                rows.into_iter().map(|r| r.into_job()).collect()
+            }
+
+            pub(crate) async fn oldest_due_impl(
+                &self,
+                now: redrive_policy::Timestamp,
+            ) -> crate::Result<Vec<(String, redrive_policy::Timestamp)>> {
+                let rows: Vec<(String, i64)> =
+                    sqlx::query_as(sqlx::AssertSqlSafe(self.op_sql().oldest_due.clone()))
+                        .bind(crate::model::millis(now))
+                        .fetch_all(&self.read)
+                        .await?;
+                Ok(rows
+                    .into_iter()
+                    .map(|(q, t)| (q, crate::from_millis(t)))
+                    .collect())
             }
 
             pub(crate) async fn paused_queues_impl(

@@ -35,6 +35,7 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let (set, egress) = policies::load_for_workers(global, &a.egress)?;
     let http = HttpJob::with_egress(StatusTable::default(), egress)?;
+    let alerts = policies::load_alerts(global)?;
     block_on(async move {
         let store = open(global).await?;
         let prometheus = PrometheusBuilder::new()
@@ -45,6 +46,7 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
         let stop = CancellationToken::new();
         let mut ready_checks = Vec::new();
         let workers = if a.workers > 0 {
+            policies::spawn_alerts(store.clone(), alerts, set.clone(), stop.clone());
             let w = Worker::builder(store.clone(), Vec::new())
                 .handler("noop", Arc::new(Noop))
                 .handler("http", Arc::new(http))
