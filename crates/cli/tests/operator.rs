@@ -480,3 +480,168 @@ fn dependency_pause_until_resumed_holds_its_jobs() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--until"));
 }
+
+/// What the test's web server received: (path, idempotency key, body).
+type Received = std::sync::Arc<std::sync::Mutex<Vec<(String, Option<String>, Value)>>>;
+
+/// A local server: `POST /decline` answers 422 (a permanent failure), `POST /hook` 200 and
+/// keeps every request.
+fn hook_server() -> (String, Received, tokio::runtime::Runtime) {
+    use axum::extract::{Path, State};
+    use axum::http::HeaderMap;
+    let got: Received = Default::default();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let state = got.clone();
+    let addr = rt.block_on(async move {
+        let app = axum::Router::new()
+            .route(
+                "/{path}",
+                axum::routing::post(
+                    |State(s): State<Received>,
+                     Path(p): Path<String>,
+                     h: HeaderMap,
+                     body: String| async move {
+                        let key = h
+                            .get("idempotency-key")
+                            .and_then(|v| v.to_str().ok())
+                            .map(str::to_owned);
+                        let v = serde_json::from_str(&body).unwrap_or(Value::String(body));
+                        s.lock().unwrap().push((p.clone(), key, v));
+                        if p == "decline" {
+                            axum::http::StatusCode::UNPROCESSABLE_ENTITY
+                        } else {
+                            axum::http::StatusCode::OK
+                        }
+                    },
+                ),
+            )
+            .with_state(state);
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+        addr
+    });
+    (format!("http://{addr}"), got, rt)
+}
+
+fn worker_with(db: &str, policies: &std::path::Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_redrive"))
+        .arg("--db")
+        .arg(db)
+        .arg("--policies")
+        .arg(policies)
+        .args(["work", "--concurrency", "4", "--shutdown-grace", "1s"])
+        .env_remove("REDRIVE_DATABASE_URL")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn a_job_going_dead_sends_one_alert_with_the_documented_body() {
+    let (dir, db, store) = fresh();
+    let (base, got, _rt) = hook_server();
+    let policies = dir.path().join("p.toml");
+    std::fs::write(
+        &policies,
+        format!(
+            r#"
+[[alerts]]
+name = "ops"
+url = "{base}/hook"
+on = ["job_dead", "breaker_open"]
+headers = {{ X-Hook-Token = "t0ken" }}
+"#
+        ),
+    )
+    .unwrap();
+    // The file is accepted by the other commands too.
+    let o = Command::new(env!("CARGO_BIN_EXE_redrive"))
+        .arg("--policies")
+        .arg(&policies)
+        .args(["policy", "show", "payment", "--json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // Two worker processes: both see the death, one alert is made.
+    let workers = vec![worker_with(&db, &policies), worker_with(&db, &policies)];
+    let id = block(
+        store.enqueue(
+            &NewJob::new(
+                "payments",
+                "http",
+                json!({"method": "POST", "url": format!("{base}/decline"), "body": {"amount": 5}}),
+            )
+            .key("order-7")
+        .dependency("psp-test"),
+            Utc::now(),
+        ),
+    )
+    .unwrap()
+    .job
+    .id;
+    let hooks = || -> Vec<(Option<String>, Value)> {
+        got.lock()
+            .unwrap()
+            .iter()
+            .filter(|(p, _, _)| p == "hook")
+            .map(|(_, k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    wait_for(
+        "the alert reaches the hook",
+        Duration::from_secs(30),
+        || !hooks().is_empty(),
+    );
+    // Both processes have looked again meanwhile (they poll every second).
+    std::thread::sleep(Duration::from_secs(3));
+    stop(workers);
+    let hooks = hooks();
+    assert_eq!(
+        hooks.len(),
+        1,
+        "one alert, whoever saw the death: {hooks:?}"
+    );
+    let (key, body) = &hooks[0];
+    assert_eq!(
+        key.as_deref(),
+        Some(format!("alert:ops:job_dead:{id}:0").as_str())
+    );
+    assert_eq!(body["alert"], "ops");
+    assert_eq!(body["event"], "job_dead");
+    assert_eq!(body["key"], format!("job_dead:{id}:0"));
+    assert!(chrono::DateTime::parse_from_rfc3339(body["at"].as_str().unwrap()).is_ok());
+    let job = &body["job"];
+    assert_eq!(job["id"], id);
+    assert_eq!(job["queue"], "payments");
+    assert_eq!(job["kind"], "http");
+    assert_eq!(job["dead_reason"], "permanent");
+    assert_eq!(job["attempts"], 1);
+    assert_eq!(job["replays"], 0);
+    assert!(job["last_error"].as_str().unwrap().contains("422"), "{job}");
+    assert!(job["finished_at"].is_string());
+    assert_eq!(job["dependency"], "psp-test");
+    // The alert is a job of its own queue, succeeded, with the event's key.
+    let alerts = ok(&redrive(&db, &["jobs", "--queue", "alerts", "--json"]));
+    let alerts = alerts["jobs"].as_array().unwrap();
+    assert_eq!(alerts.len(), 1);
+    assert_eq!(alerts[0]["state"], "succeeded");
+    assert_eq!(alerts[0]["key"], format!("alert:ops:job_dead:{id}:0"));
+    // A bad rule is refused at start, naming the field.
+    std::fs::write(
+        &policies,
+        "[[alerts]]\nurl = \"http://x/\"\non = [\"sometimes\"]\n",
+    )
+    .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_redrive"))
+        .arg("--db")
+        .arg(&db)
+        .arg("--policies")
+        .arg(&policies)
+        .args(["work", "--until-idle"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("alerts[0].on[0]"));
+}
