@@ -574,7 +574,7 @@ headers = {{ X-Hook-Token = "t0ken" }}
                 json!({"method": "POST", "url": format!("{base}/decline"), "body": {"amount": 5}}),
             )
             .key("order-7")
-        .dependency("psp-test"),
+            .dependency("psp-test"),
             Utc::now(),
         ),
     )
