@@ -181,6 +181,7 @@ conformance!(
     forced_breakers_decide_claims,
     run_now_brings_jobs_forward_keeping_budgets,
     bulk_actions_by_filter_dry_run_and_audit,
+    dead_since_and_oldest_due_for_alerts,
 );
 
 mod cases {
@@ -1872,6 +1873,37 @@ mod cases {
             .await
             .unwrap_err();
         assert!(e.to_string().contains("queue"), "{e}");
+    }
+
+    pub(super) async fn dead_since_and_oldest_due_for_alerts(s: &Store) {
+        let t = |d: i64| ms(T0 + d);
+        let a = s.enqueue(&job("a"), t(0)).await.unwrap().job.id;
+        let b = s.enqueue(&job("b"), t(0)).await.unwrap().job.id;
+        s.enqueue(&job("c").run_at(t(50_000)), t(0)).await.unwrap();
+        let jb = s.claim(&claim_params("b", 1, t(1_000))).await.unwrap();
+        kill(s, &jb[0], DeadReason::Permanent, "x", t(2_000)).await;
+        let ja = s.claim(&claim_params("a", 1, t(3_000))).await.unwrap();
+        kill(s, &ja[0], DeadReason::Permanent, "y", t(3_000)).await;
+        let ids = |v: Vec<Job>| v.into_iter().map(|j| j.id).collect::<Vec<_>>();
+        // By the time they died, then id.
+        assert_eq!(ids(s.dead_since(t(0), 10).await.unwrap()), vec![b, a]);
+        assert_eq!(ids(s.dead_since(t(2_001), 10).await.unwrap()), vec![a]);
+        assert_eq!(ids(s.dead_since(t(0), 1).await.unwrap()), vec![b]);
+        // The oldest due job per queue: c is not due yet; then it is.
+        s.enqueue(&job("d").run_at(t(10)), t(0)).await.unwrap();
+        s.enqueue(&job("d").run_at(t(20)), t(0)).await.unwrap();
+        assert_eq!(
+            s.oldest_due(t(40_000)).await.unwrap(),
+            vec![("d".into(), t(10))]
+        );
+        let due = s.oldest_due(t(60_000)).await.unwrap();
+        assert_eq!(due, vec![("c".into(), t(50_000)), ("d".into(), t(10))]);
+        // A paused queue is left out.
+        s.pause_queue("d", &op(), t(0)).await.unwrap();
+        assert_eq!(
+            s.oldest_due(t(60_000)).await.unwrap(),
+            vec![("c".into(), t(50_000))]
+        );
     }
 }
 
