@@ -91,8 +91,8 @@ pub(crate) enum Command {
     Stats(JsonArgs),
     /// The live workers of the fleet: host, pid, queues, kinds, concurrency, last seen.
     Workers(JsonArgs),
-    /// Circuit breakers per dependency.
-    Breakers(JsonArgs),
+    /// Circuit breakers per dependency (`breakers force` to override one).
+    Breakers(BreakersArgs),
     /// Retry policies.
     #[command(subcommand)]
     Policy(PolicyCommand),
@@ -110,6 +110,17 @@ pub(crate) enum Command {
     /// The `Idempotency-Key`s of `POST /v1/jobs`: list, recover stuck ones.
     #[command(subcommand)]
     Idempotency(IdempotencyCommand),
+    /// Pause or resume a queue fleet-wide, or list the paused ones.
+    #[command(subcommand)]
+    Queue(QueueCommand),
+    /// Pause or resume a dependency fleet-wide.
+    #[command(subcommand)]
+    Dependency(DependencyCommand),
+    /// Bring scheduled or deferred jobs forward (budgets untouched), by ids or filter.
+    #[command(name = "run-now")]
+    RunNow(RunNowArgs),
+    /// The audit trail of operator actions, newest first.
+    Audit(AuditArgs),
 }
 
 /// `redrive idempotency ...`.
@@ -280,12 +291,16 @@ pub(crate) struct ShowArgs {
     pub(crate) json: bool,
 }
 
-/// `redrive cancel`.
+/// `redrive cancel`: ids, or a filter (`--all` for every unfinished job).
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).multiple(true)
+    .args(["ids", "all", "queue", "kind", "dependency", "dead_reason", "signature"])))]
 pub(crate) struct CancelArgs {
     /// Job ids.
-    #[arg(required = true, value_name = "ID")]
+    #[arg(value_name = "ID")]
     pub(crate) ids: Vec<i64>,
+    #[command(flatten)]
+    pub(crate) bulk: BulkArgs,
 }
 
 /// `redrive dead ...`.
@@ -313,24 +328,16 @@ pub(crate) struct DeadListArgs {
     pub(crate) json: bool,
 }
 
-/// Which dead jobs: ids, or all (optionally of one queue).
+/// Which dead jobs: ids, all, or a filter (every condition given must hold; ids with a
+/// filter: those of the ids that match it).
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("which").required(true).args(["ids", "all"])))]
+#[command(group(clap::ArgGroup::new("which").required(true).multiple(true)
+    .args(["ids", "all", "queue", "kind", "dependency", "dead_reason", "signature"])))]
 pub(crate) struct DeadSelection {
     /// Job ids.
     pub(crate) ids: Vec<i64>,
-    /// Every dead job (of `--queue`, if given).
-    #[arg(long)]
-    pub(crate) all: bool,
-    /// With `--all`: only this queue.
-    #[arg(long, requires = "all")]
-    pub(crate) queue: Option<String>,
-    /// Print the result as JSON.
-    #[arg(long)]
-    pub(crate) json: bool,
-    /// Print what would be done, change nothing.
-    #[arg(long = "dry-run")]
-    pub(crate) dry_run: bool,
+    #[command(flatten)]
+    pub(crate) bulk: BulkArgs,
     /// Do not ask for confirmation (needed by `purge` when stdin is not a terminal).
     #[arg(long, short = 'y')]
     pub(crate) yes: bool,
@@ -396,8 +403,19 @@ pub(crate) struct ServeArgs {
     /// Bearer token every `/v1` call (and `/metrics`) must carry. Prefer REDRIVE_API_TOKEN or
     /// --token-file: a command line is visible to every user of the machine. Beyond loopback
     /// it needs at least 16 characters.
+    ///
+    /// `label:secret` labels it (the audit trail names the label; a plain secret is labelled
+    /// `token`); repeat to accept several.
     #[arg(long, env = "REDRIVE_API_TOKEN", hide_env_values = true)]
-    pub(crate) token: Option<String>,
+    pub(crate) token: Vec<String>,
+    /// A read-only token, `label:secret` (repeatable): GET requests only; any write gets 403.
+    #[arg(
+        long = "read-token",
+        env = "REDRIVE_API_READ_TOKEN",
+        hide_env_values = true,
+        value_name = "LABEL:SECRET"
+    )]
+    pub(crate) read_tokens: Vec<String>,
     /// Read the token from the first line of this file (trimmed); not with --token or
     /// REDRIVE_API_TOKEN.
     #[arg(long = "token-file", value_name = "PATH")]
@@ -686,4 +704,171 @@ fn parse_rfc3339(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
     chrono::DateTime::parse_from_rfc3339(s)
         .map(|t| t.with_timezone(&chrono::Utc))
         .map_err(|e| format!("expected an RFC 3339 time like 2026-12-02T10:00:00Z: {e}"))
+}
+
+// ===== operator controls: queue and dependency pauses, forced breakers, run now, bulk
+// filters, audit =====
+
+/// The filter and output flags every bulk operator action takes (`dead replay`, `dead purge`,
+/// `cancel`, `run-now`).
+#[derive(Debug, Clone, Args)]
+pub(crate) struct BulkArgs {
+    /// Every job the action applies to (narrowed by the filters, if any).
+    #[arg(long)]
+    pub(crate) all: bool,
+    /// Only jobs of this queue.
+    #[arg(long)]
+    pub(crate) queue: Option<String>,
+    /// Only jobs of this kind.
+    #[arg(long)]
+    pub(crate) kind: Option<String>,
+    /// Only jobs of this dependency.
+    #[arg(long)]
+    pub(crate) dependency: Option<String>,
+    /// Only dead jobs with this dead reason (`permanent`, `attempts_exhausted`, …).
+    #[arg(long = "reason", value_name = "DEAD_REASON")]
+    pub(crate) dead_reason: Option<String>,
+    /// Only jobs whose last error has this signature (digits and ids masked, as in the
+    /// dashboard's dead-letter groups: `charge <id> declined (code N)`).
+    #[arg(long)]
+    pub(crate) signature: Option<String>,
+    /// Print what would change, change nothing.
+    #[arg(long = "dry-run")]
+    pub(crate) dry_run: bool,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `redrive breakers`: list them, or `force` one.
+#[derive(Debug, Args)]
+pub(crate) struct BreakersArgs {
+    #[command(subcommand)]
+    pub(crate) command: Option<BreakersCommand>,
+    /// Print one JSON document.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `redrive breakers ...`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum BreakersCommand {
+    /// Force a dependency's breaker open or closed for the whole fleet, or hand it back to the
+    /// machine (`auto`).
+    Force(ForceArgs),
+}
+
+/// `redrive breakers force NAME open|closed|auto`.
+#[derive(Debug, Args)]
+pub(crate) struct ForceArgs {
+    /// The dependency.
+    pub(crate) name: String,
+    /// `open` (no call at all, probes included), `closed` (every call goes, whatever the
+    /// failure rate) or `auto`.
+    #[arg(value_parser = ["open", "closed", "auto"])]
+    pub(crate) mode: String,
+    /// Print the row after it as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `redrive queue ...`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum QueueCommand {
+    /// Workers stop claiming from the queue (running jobs finish).
+    Pause(QueueNameArgs),
+    /// Workers claim from the queue again.
+    Resume(QueueNameArgs),
+    /// The paused queues.
+    List(JsonArgs),
+}
+
+/// A queue to pause or resume.
+#[derive(Debug, Args)]
+pub(crate) struct QueueNameArgs {
+    /// The queue.
+    pub(crate) queue: String,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `redrive dependency ...`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum DependencyCommand {
+    /// Hold every call to the dependency, fleet-wide, until `--until` or until resumed (its
+    /// jobs are not claimed meanwhile).
+    Pause(DependencyPauseArgs),
+    /// Lift a pause.
+    Resume(DependencyNameArgs),
+}
+
+/// `redrive dependency pause`.
+#[derive(Debug, Args)]
+pub(crate) struct DependencyPauseArgs {
+    /// The dependency.
+    pub(crate) name: String,
+    /// Until this RFC 3339 time, or for this long (`30m`); default: until resumed.
+    #[arg(long, value_parser = parse_until)]
+    pub(crate) until: Option<Until>,
+    /// Print the row after it as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `redrive dependency resume`.
+#[derive(Debug, Args)]
+pub(crate) struct DependencyNameArgs {
+    /// The dependency.
+    pub(crate) name: String,
+    /// Print the row after it as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// The end of a pause: a time, or a duration from now.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Until {
+    /// At this time.
+    At(chrono::DateTime<chrono::Utc>),
+    /// This long from now.
+    In(Duration),
+}
+
+fn parse_until(s: &str) -> Result<Until, String> {
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
+        return Ok(Until::At(t.with_timezone(&chrono::Utc)));
+    }
+    match redrive_policy::parse_duration(s) {
+        Ok(d) if !d.is_zero() => Ok(Until::In(d)),
+        _ => Err(format!(
+            "{s:?} is neither an RFC 3339 time (2026-12-02T10:00:00Z) nor a duration above zero (30m)"
+        )),
+    }
+}
+
+/// `redrive run-now`: ids, or a filter.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).multiple(true)
+    .args(["ids", "all", "queue", "kind", "dependency", "dead_reason", "signature"])))]
+pub(crate) struct RunNowArgs {
+    /// Job ids.
+    #[arg(value_name = "ID")]
+    pub(crate) ids: Vec<i64>,
+    #[command(flatten)]
+    pub(crate) bulk: BulkArgs,
+}
+
+/// `redrive audit`.
+#[derive(Debug, Args)]
+pub(crate) struct AuditArgs {
+    /// At most this many rows.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub(crate) limit: u32,
+    /// Only rows older than this id (keyset pagination).
+    #[arg(long)]
+    pub(crate) before: Option<i64>,
+    /// Print one JSON document.
+    #[arg(long)]
+    pub(crate) json: bool,
 }

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use anyhow::Context;
 use redrive_http::EgressPolicy;
+use redrive_http::alerts::{AlertRule, Alerter};
 use redrive_policy::PolicySet;
 
 use crate::args::{EgressArgs, Global};
@@ -35,8 +36,53 @@ fn load_file_with_egress(path: &Path) -> anyhow::Result<(PolicySet, EgressPolicy
         .with_context(|| format!("cannot read policy file {}", path.display()))?;
     let (egress, rest) = redrive_http::egress::split_policies_toml(&text)
         .map_err(|e| usage(format!("{}: {e}", path.display())))?;
+    let (alerts, rest) = redrive_http::alerts::split_alerts_toml(&rest)
+        .map_err(|e| usage(format!("{}: {e}", path.display())))?;
     let set = PolicySet::from_toml(&rest).map_err(|e| usage(format!("{}: {e}", path.display())))?;
+    redrive_http::alerts::check_alert_rules(&alerts, &set)
+        .map_err(|e| usage(format!("{}: {e}", path.display())))?;
     Ok((set, egress))
+}
+
+/// The `[[alerts]]` rules of the global `--policies` file (none without a file), checked.
+pub(crate) fn load_alerts(global: &Global) -> anyhow::Result<Vec<AlertRule>> {
+    let Some(path) = &global.policies else {
+        return Ok(Vec::new());
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read policy file {}", path.display()))?;
+    let (_, rest) = redrive_http::egress::split_policies_toml(&text)
+        .map_err(|e| usage(format!("{}: {e}", path.display())))?;
+    let (alerts, _) = redrive_http::alerts::split_alerts_toml(&rest)
+        .map_err(|e| usage(format!("{}: {e}", path.display())))?;
+    Ok(alerts)
+}
+
+/// How often a worker process looks for alert events.
+pub(crate) const ALERT_POLL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Runs the alerts of `rules` in the background until `stop` (nothing without rules).
+pub(crate) fn spawn_alerts(
+    store: redrive_store::Store,
+    rules: Vec<AlertRule>,
+    set: PolicySet,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    if rules.is_empty() {
+        return;
+    }
+    tokio::spawn(async move {
+        let mut alerter = Alerter::new(rules, set, chrono::Utc::now());
+        loop {
+            if let Err(e) = alerter.tick(&store, chrono::Utc::now()).await {
+                eprintln!("redrive: alerts: the store failed ({e}); trying again");
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(ALERT_POLL) => {}
+            }
+        }
+    });
 }
 
 /// The policies and the egress policy of `work` and `serve`: the file's, then the flags'

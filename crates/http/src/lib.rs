@@ -3,6 +3,7 @@
 //! ([`validate`]), redaction of what is shown ([`redact`]) and the egress policy of outbound
 //! calls ([`egress`]).
 
+pub mod alerts;
 pub mod egress;
 pub mod idempotency;
 pub mod job;

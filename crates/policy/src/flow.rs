@@ -338,6 +338,30 @@ pub struct FlowRow {
     pub rate_raised_at: Option<Timestamp>,
 }
 
+/// The `until` of an operator's pause that lasts until it is lifted ([`FlowEvent::Resume`]):
+/// the last millisecond of the year 9999 (the store keeps milliseconds).
+pub fn until_resumed() -> Timestamp {
+    DateTime::from_timestamp_millis(253_402_300_799_999).unwrap_or(DateTime::<chrono::Utc>::MAX_UTC)
+}
+
+impl FlowRow {
+    /// Whether an operator paused the dependency until the pause is lifted (no end time).
+    pub fn paused_until_resumed(&self) -> bool {
+        self.pause_reason == Some(PauseReason::Operator)
+            && self.paused_until.is_some_and(|p| p >= until_resumed())
+    }
+
+    /// The breaker's state as the fleet sees it: an operator's forced state, else the
+    /// machine's.
+    pub fn effective_state(&self) -> BreakerState {
+        match self.mode {
+            BreakerMode::Normal => self.state,
+            BreakerMode::ForcedOpen => BreakerState::Open,
+            BreakerMode::ForcedClosed => BreakerState::Closed,
+        }
+    }
+}
+
 /// An event applied to the shared row.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum FlowEvent {
@@ -377,7 +401,7 @@ pub enum FlowEvent {
     Tick,
     /// An operator forces the breaker open or closed, or hands it back to the machine.
     Force(BreakerMode),
-    /// An operator pauses the dependency until `until`.
+    /// An operator pauses the dependency until `until` ([`until_resumed`]: until lifted).
     Pause {
         /// Until when.
         until: Timestamp,
@@ -622,7 +646,12 @@ impl FlowConfig {
             FlowEvent::Tick => transition = self.tick(&mut next, now),
             FlowEvent::Force(mode) => transition = self.force(&mut next, mode, now),
             FlowEvent::Pause { until } => {
-                next.paused_until = Some(until);
+                // An operator's pause never cuts short a longer `Retry-After` the dependency
+                // asked for; it may shorten or lengthen an operator's earlier pause.
+                let keep = row
+                    .paused_until
+                    .filter(|p| row.pause_reason == Some(PauseReason::RetryAfter) && *p > until);
+                next.paused_until = Some(keep.unwrap_or(until));
                 next.pause_reason = Some(PauseReason::Operator);
             }
             FlowEvent::Resume => {

@@ -57,7 +57,7 @@ pub use flow::{
     CONGESTION_EPOCH, Check, DEFAULT_RATE_BATCH, DEFAULT_RATE_BURST, DEFAULT_RATE_CEILING,
     DEFAULT_RATE_DECREASE, DEFAULT_RATE_FLOOR, DEFAULT_RATE_INCREASE, FlowClient, FlowConfig,
     FlowEvent, FlowRow, Grant, MAX_SLOTS_PER_RESERVATION, Next, RateConfig, SLOT_HORIZON,
-    ServedRate, Slots, Step,
+    ServedRate, Slots, Step, until_resumed,
 };
 pub use jitter::{Jitter, MAX_PROPORTIONAL_FACTOR};
 pub use outcome::{Outcome, StatusTable};

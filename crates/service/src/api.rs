@@ -8,7 +8,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use redrive_store::{JobId, JobState, ListParams, NewJob, Selection, Store};
+use redrive_store::{JobId, JobState, ListParams, NewJob, Store};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
@@ -412,10 +412,22 @@ pub(crate) async fn get_job(
 }
 
 /// Replays one dead job (returns it, available again).
-pub(crate) async fn replay_one(store: &Store, id: JobId) -> Result<redrive_store::Job, ApiError> {
+/// Audited (in the same transaction) as `who`'s.
+pub(crate) async fn replay_one(
+    store: &Store,
+    id: JobId,
+    who: &redrive_store::Actor,
+) -> Result<redrive_store::Job, ApiError> {
     let n = store
-        .replay(&Selection::Ids(vec![id]), chrono::Utc::now())
-        .await?;
+        .bulk(
+            redrive_store::BulkAction::Replay,
+            &redrive_store::JobFilter::ids(vec![id]),
+            who,
+            false,
+            chrono::Utc::now(),
+        )
+        .await?
+        .count;
     let job = job_or_404(store, id).await?;
     if n == 0 {
         return Err(redrive_store::StoreError::WrongState {
@@ -443,10 +455,12 @@ pub(crate) async fn replay_one(store: &Store, id: JobId) -> Result<redrive_store
 )]
 pub(crate) async fn replay_job(
     State(state): State<AppState>,
+    who: Option<axum::extract::Extension<crate::auth::Identity>>,
     Path(id): Path<String>,
 ) -> Result<Json<JobView>, ApiError> {
     let id = parse_id(&id)?;
-    Ok(Json(replay_one(&state.inner.store, id).await?.into()))
+    let who = crate::operator::actor(who.as_ref().map(|e| &e.0), "api");
+    Ok(Json(replay_one(&state.inner.store, id, &who).await?.into()))
 }
 
 /// Cancel a job that has not finished (a running job's lease is revoked).
@@ -464,11 +478,40 @@ pub(crate) async fn replay_job(
 )]
 pub(crate) async fn cancel_job(
     State(state): State<AppState>,
+    who: Option<axum::extract::Extension<crate::auth::Identity>>,
     Path(id): Path<String>,
 ) -> Result<Json<JobView>, ApiError> {
     let id = parse_id(&id)?;
-    let job = state.inner.store.cancel(id, chrono::Utc::now()).await?;
-    Ok(Json(job.into()))
+    let who = crate::operator::actor(who.as_ref().map(|e| &e.0), "api");
+    Ok(Json(cancel_one(&state.inner.store, id, &who).await?.into()))
+}
+
+/// Cancels one job, audited as `who`'s: 404 for none, 409 when it has finished.
+pub(crate) async fn cancel_one(
+    store: &Store,
+    id: JobId,
+    who: &redrive_store::Actor,
+) -> Result<redrive_store::Job, ApiError> {
+    let n = store
+        .bulk(
+            redrive_store::BulkAction::Cancel,
+            &redrive_store::JobFilter::ids(vec![id]),
+            who,
+            false,
+            chrono::Utc::now(),
+        )
+        .await?
+        .count;
+    let job = job_or_404(store, id).await?;
+    if n == 0 {
+        return Err(redrive_store::StoreError::WrongState {
+            id,
+            state: job.state,
+            operation: "cancel",
+        }
+        .into());
+    }
+    Ok(job)
 }
 
 /// Every breaker with its recent transitions.
@@ -782,13 +825,21 @@ impl Modify for BearerAuth {
     paths(
         create_job, list_jobs, get_job, replay_job, cancel_job, stats, breakers, workers, healthz,
         readyz,
-        crate::idempotency::list_keys, crate::idempotency::recover_key
+        crate::idempotency::list_keys, crate::idempotency::recover_key,
+        crate::operator::paused_queues, crate::operator::pause_queue,
+        crate::operator::resume_queue, crate::operator::pause_dependency,
+        crate::operator::resume_dependency, crate::operator::force_breaker,
+        crate::operator::run_now, crate::operator::bulk, crate::operator::audit
     ),
     components(schemas(
         EnqueueRequest, EnqueueResponse, JobView, AttemptView, JobPage, JobDetail, StateName,
         CountView, BreakerView, TransitionView, BreakersResponse, StatsResponse, Health, ProblemBody,
         UnhandledView, WorkerView, WorkersResponse,
-        crate::idempotency::IdempotencyRecordView, crate::idempotency::IdempotencyPage
+        crate::idempotency::IdempotencyRecordView, crate::idempotency::IdempotencyPage,
+        crate::operator::QueueStateView, crate::operator::PausedQueueView,
+        crate::operator::PausedQueuesResponse, crate::operator::DependencyPauseRequest,
+        crate::operator::ForceRequest, crate::operator::BulkRequest,
+        crate::operator::BulkResponse, crate::operator::AuditView, crate::operator::AuditPage
     )),
     modifiers(&BearerAuth, &FrontDoorResponses),
     security(("bearer" = [])),
@@ -797,6 +848,7 @@ impl Modify for BearerAuth {
         (name = "fleet", description = "Counts, circuit breakers and live workers"),
         (name = "health", description = "Liveness and readiness"),
         (name = "idempotency", description = "The Idempotency-Keys of POST /v1/jobs: list, recover stuck ones"),
+        (name = "operator", description = "Operator controls (pause, resume, force, run now, bulk actions by filter) and their audit trail"),
     )
 )]
 pub struct ApiDoc;

@@ -21,9 +21,52 @@ pub const SESSION_COOKIE: &str = "redrive_session";
 /// The least number of characters of a token when serving beyond loopback.
 pub const MIN_PUBLIC_TOKEN_CHARS: usize = 16;
 
-/// A configured token, kept only as a digest.
+/// A configured token, kept only as a digest, with its label and role.
 pub(crate) struct Token {
     digest: [u8; 32],
+    identity: Identity,
+}
+
+/// Who a request is: the label of the token it carried (or of the session signed in with
+/// it), and whether that token may only read. Put in the request's extensions by the auth
+/// middlewares; the audit trail names the label.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Identity {
+    pub(crate) label: String,
+    pub(crate) read_only: bool,
+}
+
+impl Identity {
+    /// Without any token: everyone may do everything, as `anonymous`.
+    pub(crate) fn anonymous() -> Self {
+        Self {
+            label: "anonymous".into(),
+            read_only: false,
+        }
+    }
+}
+
+/// Every configured token (at least one).
+pub(crate) struct Tokens(Vec<Token>);
+
+impl Tokens {
+    /// The tokens; `None` when there is none (the service is open).
+    pub(crate) fn new(tokens: Vec<Token>) -> Option<Self> {
+        (!tokens.is_empty()).then_some(Self(tokens))
+    }
+
+    /// The identity of the token `given` is, if any. Every token is compared, each in
+    /// constant time, so the time taken says nothing about which matched.
+    pub(crate) fn find(&self, given: &str) -> Option<&Identity> {
+        let d = sha(&[given.as_bytes()]);
+        let mut found = None;
+        for t in &self.0 {
+            if bool::from(d.ct_eq(&t.digest)) && found.is_none() {
+                found = Some(&t.identity);
+            }
+        }
+        found
+    }
 }
 
 fn sha(parts: &[&[u8]]) -> [u8; 32] {
@@ -35,6 +78,20 @@ fn sha(parts: &[&[u8]]) -> [u8; 32] {
 }
 
 impl Token {
+    /// A token with its label and role.
+    pub(crate) fn labelled(
+        label: &str,
+        token: &str,
+        read_only: bool,
+    ) -> Result<Self, ServiceError> {
+        let mut t = Self::new(token)?;
+        t.identity = Identity {
+            label: label.to_owned(),
+            read_only,
+        };
+        Ok(t)
+    }
+
     pub(crate) fn new(token: &str) -> Result<Self, ServiceError> {
         if token.is_empty() {
             return Err(ServiceError::InvalidToken {
@@ -48,13 +105,29 @@ impl Token {
         }
         Ok(Self {
             digest: sha(&[token.as_bytes()]),
+            identity: Identity {
+                label: crate::state::PLAIN_TOKEN_LABEL.into(),
+                read_only: false,
+            },
         })
     }
+}
 
-    /// Whether `given` is the token (constant time).
-    pub(crate) fn matches(&self, given: &str) -> bool {
-        bool::from(sha(&[given.as_bytes()]).ct_eq(&self.digest))
-    }
+fn is_read(method: &axum::http::Method) -> bool {
+    matches!(
+        *method,
+        axum::http::Method::GET | axum::http::Method::HEAD | axum::http::Method::OPTIONS
+    )
+}
+
+fn read_only_refusal(label: &str) -> Response {
+    ApiError::new(
+        axum::http::StatusCode::FORBIDDEN,
+        "read-only-token",
+        "This token may only read",
+        format!("the token {label:?} is read-only: only GET requests are allowed"),
+    )
+    .into_response()
 }
 
 fn bearer(headers: &HeaderMap) -> Option<&str> {
@@ -77,33 +150,50 @@ pub(crate) fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> 
 
 /// Middleware for `/v1`: with a token configured, `Authorization: Bearer <token>` is required;
 /// otherwise 401 problem+json with `WWW-Authenticate: Bearer`.
+/// A read-only token gets 403 problem+json on anything but a read.
 pub(crate) async fn require_bearer(
     State(state): State<AppState>,
-    req: Request,
+    mut req: Request,
     next: Next,
 ) -> Response {
-    let Some(token) = &state.inner.token else {
+    let Some(tokens) = &state.inner.token else {
+        req.extensions_mut().insert(Identity::anonymous());
         return next.run(req).await;
     };
-    match bearer(req.headers()) {
-        None => ApiError::unauthorized("send Authorization: Bearer <token>").into_response(),
-        Some(given) if token.matches(given) => next.run(req).await,
-        Some(_) => ApiError::unauthorized("the bearer token is not valid").into_response(),
+    let identity = match bearer(req.headers()) {
+        None => {
+            return ApiError::unauthorized("send Authorization: Bearer <token>").into_response();
+        }
+        Some(given) => match tokens.find(given) {
+            Some(id) => id.clone(),
+            None => return ApiError::unauthorized("the bearer token is not valid").into_response(),
+        },
+    };
+    if identity.read_only && !is_read(req.method()) {
+        return read_only_refusal(&identity.label);
     }
+    req.extensions_mut().insert(identity);
+    next.run(req).await
+}
+
+/// Who a dashboard request is: the bearer token's identity or the session's (no token
+/// configured: [`Identity::anonymous`]); `None` when signed out.
+pub(crate) fn dashboard_identity(state: &AppState, headers: &HeaderMap) -> Option<Identity> {
+    let Some(tokens) = &state.inner.token else {
+        return Some(Identity::anonymous());
+    };
+    if let Some(given) = bearer(headers)
+        && let Some(id) = tokens.find(given)
+    {
+        return Some(id.clone());
+    }
+    cookie(headers, SESSION_COOKIE).and_then(|c| state.inner.sessions.get(c))
 }
 
 /// Whether a dashboard request is signed in: the bearer token or a live session (no token
 /// configured: always).
 pub(crate) fn dashboard_allowed(state: &AppState, headers: &HeaderMap) -> bool {
-    let Some(token) = &state.inner.token else {
-        return true;
-    };
-    if let Some(given) = bearer(headers)
-        && token.matches(given)
-    {
-        return true;
-    }
-    cookie(headers, SESSION_COOKIE).is_some_and(|c| state.inner.sessions.valid(c))
+    dashboard_identity(state, headers).is_some()
 }
 
 /// Route layer of `/metrics`: with a token (and without `--metrics-public`) the bearer token
@@ -124,13 +214,18 @@ pub(crate) async fn require_metrics_auth(
     ApiError::unauthorized(detail).into_response()
 }
 
-/// Middleware for the dashboard: signed-out requests are sent to the login form.
+/// Middleware for the dashboard: signed-out requests are sent to the login form; a
+/// read-only session's form posts (but signing out) get 403.
 pub(crate) async fn require_session(
     State(state): State<AppState>,
-    req: Request,
+    mut req: Request,
     next: Next,
 ) -> Response {
-    if dashboard_allowed(&state, req.headers()) {
+    if let Some(identity) = dashboard_identity(&state, req.headers()) {
+        if identity.read_only && !is_read(req.method()) && req.uri().path() != "/logout" {
+            return read_only_refusal(&identity.label);
+        }
+        req.extensions_mut().insert(identity);
         return next.run(req).await;
     }
     let target = req

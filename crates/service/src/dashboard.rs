@@ -25,10 +25,13 @@ use axum::{Extension, Router};
 use chrono::{DateTime, Utc};
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 use redrive_http::redact::{redact_text, redact_value};
-use redrive_store::{AttemptBucket, Job, JobId, JobState, QueueCount, Selection, Timestamp};
+use redrive_store::{
+    Actor, AttemptBucket, BulkAction, DependencyOp, Job, JobFilter, JobId, JobState, QueueCount,
+    Timestamp,
+};
 
 use crate::api::{breaker_views, parse_id, parse_list, read_body, replay_one};
-use crate::auth::{self, SESSION_COOKIE};
+use crate::auth::{self, Identity, SESSION_COOKIE};
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::views::BreakerView;
@@ -53,6 +56,14 @@ pub(crate) fn routes(state: AppState) -> Router<AppState> {
         .route("/breakers", get(breakers))
         .route("/workers", get(workers))
         .route("/search", get(search))
+        .route("/jobs/{id}/run-now", post(job_run_now))
+        .route("/queues/{queue}/pause", post(queue_pause))
+        .route("/queues/{queue}/resume", post(queue_resume))
+        .route("/breakers/{name}/force", post(breaker_force))
+        .route("/dependencies/{name}/pause", post(dependency_pause))
+        .route("/dependencies/{name}/resume", post(dependency_resume))
+        .route("/bulk", post(bulk_action))
+        .route("/audit", get(audit_page))
         .route_layer(middleware::from_fn_with_state(state, auth::require_session));
     Router::new()
         .merge(guarded)
@@ -177,6 +188,7 @@ fn layout(title: &str, live: bool, body: Markup) -> Markup {
                     a href="/dead" { "Dead letters" }
                     a href="/breakers" { "Breakers" }
                     a href="/workers" { "Workers" }
+                    a href="/audit" { "Audit" }
                     span.spacer {}
                     form #search method="get" action="/search" role="search" {
                         input #search-q type="search" name="q" placeholder="Job id, key or dependency" aria-label="Search by job id, idempotency key or dependency";
@@ -251,9 +263,13 @@ fn state_badge(s: &str) -> Markup {
     html! { span class=(format!("state-{s}")) { (s) } }
 }
 
-fn queue_table(counts: &[QueueCount]) -> Markup {
+fn queue_table(counts: &[QueueCount], paused: &[String]) -> Markup {
     let mut queues: Vec<&str> = counts.iter().map(|c| c.queue.as_str()).collect();
+    // A paused queue without jobs still shows (to be resumed).
+    queues.extend(paused.iter().map(String::as_str));
+    queues.sort_unstable();
     queues.dedup();
+    let is_paused = |q: &str| paused.iter().any(|p| p == q);
     let count = |q: &str, s: JobState| {
         counts
             .iter()
@@ -269,6 +285,7 @@ fn queue_table(counts: &[QueueCount]) -> Markup {
                     th { "Queue" }
                     @for s in JobState::ALL { th { (s.as_str()) } }
                     th { "total" }
+                    th { "Claims" }
                 } }
                 tbody {
                     @for q in &queues {
@@ -282,6 +299,20 @@ fn queue_table(counts: &[QueueCount]) -> Markup {
                                 }
                             }
                             td.n { (JobState::ALL.iter().map(|s| count(q, *s)).sum::<u64>()) }
+                            td.claims {
+                                @let path = form_urlencoded::byte_serialize(q.as_bytes()).collect::<String>();
+                                @if is_paused(q) {
+                                    strong.state-open.paused { "paused" } " "
+                                    form method="post" action=(format!("/queues/{path}/resume")) style="display:inline" {
+                                        button.primary.resume-queue type="submit" { "Resume" }
+                                    }
+                                } @else {
+                                    span.state-closed { "on" } " "
+                                    form method="post" action=(format!("/queues/{path}/pause")) style="display:inline" {
+                                        button.pause-queue type="submit" { "Pause" }
+                                    }
+                                }
+                            }
                         }
                     }
                 }
@@ -393,6 +424,12 @@ async fn overview(State(state): State<AppState>) -> Result<Response, Page> {
     let now = Utc::now();
     let counts = store.counts().await?;
     let unhandled = store.unhandled(now).await?;
+    let paused: Vec<String> = store
+        .paused_queues()
+        .await?
+        .into_iter()
+        .map(|p| p.queue)
+        .collect();
     let breakers = breaker_views(store).await?;
     let from = now - chrono::Duration::from_std(CHART_WINDOW).unwrap_or_default();
     let buckets = store.attempt_rate(from, now, CHART_BUCKET).await?;
@@ -404,7 +441,7 @@ async fn overview(State(state): State<AppState>) -> Result<Response, Page> {
     let body = html! {
         (unhandled_warning(&unhandled))
         h2 { "Queues" }
-        (queue_table(&counts))
+        (queue_table(&counts, &paused))
         div.cards {
             div.card #breakers-summary {
                 h2 { "Breakers" }
@@ -513,6 +550,25 @@ async fn jobs(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Re
         }
         @if let Some(l) = next_link { p { a.button #next-page href=(l) { "Next page →" } } }
         @if p.after.is_some() { p { a href=(jobs_link(p.queue.as_deref(), p.state)) { "← First page" } } }
+        details #bulk {
+            summary { "Bulk action by filter" }
+            form method="post" action="/bulk" {
+                label { "Action " select name="action" {
+                    option value="replay" { "replay (dead)" }
+                    option value="purge" { "purge (dead)" }
+                    option value="cancel" { "cancel (unfinished)" }
+                    option value="run_now" { "run now (waiting)" }
+                } } " "
+                label { "Queue " input name="queue" value=(p.queue.clone().unwrap_or_default()); } " "
+                label { "Kind " input name="kind"; } " "
+                label { "Dependency " input name="dependency"; } " "
+                label { "Dead reason " input name="dead_reason"; } " "
+                label { "Error signature " input name="signature"; } " "
+                label { input type="checkbox" name="all" value="1"; " every job (no filter)" } " "
+                label { input type="checkbox" name="dry_run" value="1" checked; " dry run" } " "
+                button.primary #bulk-submit type="submit" { "Go" }
+            }
+        }
     };
     Ok(html_response(layout(&title, true, body)))
 }
@@ -543,6 +599,12 @@ async fn job(State(state): State<AppState>, Path(id): Path<String>) -> Result<Re
             @if j.state == JobState::Dead {
                 form method="post" action=(format!("/jobs/{id}/replay")) style="display:inline" {
                     button.primary #replay type="submit" { "Replay" }
+                }
+                " "
+            }
+            @if BulkAction::RunNow.states().contains(&j.state) && j.run_at > now {
+                form method="post" action=(format!("/jobs/{id}/run-now")) style="display:inline" {
+                    button.primary #run-now type="submit" { "Run now" }
                 }
                 " "
             }
@@ -602,26 +664,214 @@ async fn form_pairs(body: Body) -> Result<Vec<(String, String)>, ApiError> {
         .collect())
 }
 
+/// The audit actor of a dashboard request.
+fn actor(who: &Option<Extension<Identity>>) -> Actor {
+    crate::operator::actor(who.as_ref().map(|e| &e.0), "dashboard")
+}
+
 async fn job_replay(
     State(state): State<AppState>,
+    who: Option<Extension<Identity>>,
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, Page> {
     auth::same_origin(&headers)?;
     let id = parse_id(&id)?;
-    replay_one(&state.inner.store, id).await?;
+    replay_one(&state.inner.store, id, &actor(&who)).await?;
     Ok(Redirect::to(&format!("/jobs/{id}")).into_response())
 }
 
 async fn job_cancel(
     State(state): State<AppState>,
+    who: Option<Extension<Identity>>,
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, Page> {
     auth::same_origin(&headers)?;
     let id = parse_id(&id)?;
-    state.inner.store.cancel(id, Utc::now()).await?;
+    crate::api::cancel_one(&state.inner.store, id, &actor(&who)).await?;
     Ok(Redirect::to(&format!("/jobs/{id}")).into_response())
+}
+
+async fn job_run_now(
+    State(state): State<AppState>,
+    who: Option<Extension<Identity>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, Page> {
+    auth::same_origin(&headers)?;
+    let id = parse_id(&id)?;
+    crate::operator::run_now_one(&state, id, &actor(&who)).await?;
+    Ok(Redirect::to(&format!("/jobs/{id}")).into_response())
+}
+
+async fn queue_pause(
+    State(state): State<AppState>,
+    who: Option<Extension<Identity>>,
+    headers: HeaderMap,
+    Path(queue): Path<String>,
+) -> Result<Response, Page> {
+    auth::same_origin(&headers)?;
+    state
+        .inner
+        .store
+        .pause_queue(&queue, &actor(&who), Utc::now())
+        .await?;
+    Ok(Redirect::to("/").into_response())
+}
+
+async fn queue_resume(
+    State(state): State<AppState>,
+    who: Option<Extension<Identity>>,
+    headers: HeaderMap,
+    Path(queue): Path<String>,
+) -> Result<Response, Page> {
+    auth::same_origin(&headers)?;
+    state
+        .inner
+        .store
+        .resume_queue(&queue, &actor(&who), Utc::now())
+        .await?;
+    Ok(Redirect::to("/").into_response())
+}
+
+async fn breaker_force(
+    State(state): State<AppState>,
+    who: Option<Extension<Identity>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    body: Body,
+) -> Result<Response, Page> {
+    auth::same_origin(&headers)?;
+    let pairs = form_pairs(body).await?;
+    let mode = pairs
+        .iter()
+        .find(|(k, _)| k == "mode")
+        .map_or("", |(_, v)| v.as_str());
+    let mode = crate::operator::parse_mode(mode)?;
+    crate::operator::operate(&state, &name, DependencyOp::Force(mode), &actor(&who)).await?;
+    Ok(Redirect::to("/breakers").into_response())
+}
+
+async fn dependency_pause(
+    State(state): State<AppState>,
+    who: Option<Extension<Identity>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    body: Body,
+) -> Result<Response, Page> {
+    auth::same_origin(&headers)?;
+    let pairs = form_pairs(body).await?;
+    let get = |k: &str| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    let until = crate::operator::pause_end(get("until"), get("for"), Utc::now())?;
+    crate::operator::operate(&state, &name, DependencyOp::Pause { until }, &actor(&who)).await?;
+    Ok(Redirect::to("/breakers").into_response())
+}
+
+async fn dependency_resume(
+    State(state): State<AppState>,
+    who: Option<Extension<Identity>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Response, Page> {
+    auth::same_origin(&headers)?;
+    crate::operator::operate(&state, &name, DependencyOp::Resume, &actor(&who)).await?;
+    Ok(Redirect::to("/breakers").into_response())
+}
+
+/// The bulk form of `/jobs`: an action on every job a filter takes, with a dry run.
+async fn bulk_action(
+    State(state): State<AppState>,
+    who: Option<Extension<Identity>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Page> {
+    auth::same_origin(&headers)?;
+    let pairs = form_pairs(body).await?;
+    let get = |k: &str| {
+        pairs
+            .iter()
+            .find(|(n, v)| n == k && !v.trim().is_empty())
+            .map(|(_, v)| v.trim().to_owned())
+    };
+    let action = crate::operator::parse_action(get("action").as_deref().unwrap_or(""))?;
+    let filter = JobFilter {
+        ids: None,
+        queue: get("queue"),
+        kind: get("kind"),
+        dependency: get("dependency"),
+        dead_reason: get("dead_reason"),
+        signature: get("signature"),
+    };
+    let dry_run = get("dry_run").is_some_and(|v| v == "1");
+    if filter.is_empty() && get("all").is_none_or(|v| v != "1") {
+        return Err(ApiError::bad_field(
+            "queue",
+            "",
+            "give at least one filter, or tick \"every job\"",
+        )
+        .into());
+    }
+    let out = state
+        .inner
+        .store
+        .bulk(action, &filter, &actor(&who), dry_run, Utc::now())
+        .await?;
+    let verb = action.as_str().replace('_', " ");
+    let body = html! {
+        p #bulk-result data-count=(out.count) data-dry-run=(out.dry_run) {
+            @if out.dry_run { "Dry run: " (verb) " would change " strong { (out.count) } " job" @if out.count != 1 { "s" } "; nothing changed." }
+            @else { (verb) ": " strong { (out.count) } " job" @if out.count != 1 { "s" } " changed." }
+        }
+        p.muted { "Filter: " code { (serde_json::to_string(&filter).unwrap_or_default()) } }
+        @if !out.ids.is_empty() {
+            ul #bulk-ids { @for id in out.ids.iter().take(500) { li { a href=(format!("/jobs/{id}")) { (id) } } } }
+            @if out.ids.len() > 500 { p.muted { "… and " (out.ids.len() - 500) " more" } }
+        }
+        @if out.dry_run {
+            form method="post" action="/bulk" {
+                @for (k, v) in pairs.iter().filter(|(k, _)| k != "dry_run") { input type="hidden" name=(k) value=(v); }
+                button.danger #bulk-confirm type="submit" { "Do it: " (verb) " " (out.count) " job" @if out.count != 1 { "s" } }
+            }
+        }
+        p { a href="/jobs" { "Back to the jobs" } " · " a href="/audit" { "Audit trail" } }
+    };
+    Ok(html_response(layout("Bulk action", false, body)))
+}
+
+async fn audit_page(
+    State(state): State<AppState>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, Page> {
+    let (limit, before) = crate::operator::parse_audit_query(q.as_deref())?;
+    let rows = state.inner.store.audit(before, limit).await?;
+    let now = Utc::now();
+    let next = (rows.len() == limit as usize)
+        .then(|| rows.last().map(|r| r.id))
+        .flatten();
+    let body = html! {
+        @if rows.is_empty() { p.muted { "No operator action yet." } }
+        @else {
+            table #audit {
+                thead { tr { th { "Id" } th { "When" } th { "Who" } th { "Via" } th { "Action" } th { "Target" } th { "Rows" } } }
+                tbody {
+                    @for r in &rows {
+                        tr data-id=(r.id) data-action=(r.action) {
+                            td.n { (r.id) }
+                            td { (when(Some(r.at), now)) }
+                            td.actor { (r.actor) }
+                            td { (r.via) }
+                            td.action { (r.action) }
+                            td { code { (redact_text(&r.target.to_string())) } }
+                            td.n.rows { (r.rows) }
+                        }
+                    }
+                }
+            }
+        }
+        @if let Some(n) = next { p { a.button #next-page href=(format!("/audit?before={n}&limit={limit}")) { "Older →" } } }
+    };
+    Ok(html_response(layout("Audit", true, body)))
 }
 
 async fn dead(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, Page> {
@@ -767,18 +1017,17 @@ async fn dead_count(state: &AppState, queue: Option<&str>) -> Result<u64, Page> 
         .sum())
 }
 
-fn selection(f: &BulkForm) -> Selection {
-    if f.all {
-        Selection::All {
-            queue: f.queue.clone(),
-        }
-    } else {
-        Selection::Ids(f.ids.clone())
+fn filter_of(f: &BulkForm) -> JobFilter {
+    JobFilter {
+        ids: (!f.all).then(|| f.ids.clone()),
+        queue: f.queue.clone(),
+        ..JobFilter::default()
     }
 }
 
 async fn dead_replay(
     State(state): State<AppState>,
+    who: Option<Extension<Identity>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Page> {
@@ -788,12 +1037,24 @@ async fn dead_replay(
         let n = dead_count(&state, f.queue.as_deref()).await?;
         return Ok(confirm_page("Replay", "/dead/replay", &f, n));
     }
-    let n = state.inner.store.replay(&selection(&f), Utc::now()).await?;
+    let n = state
+        .inner
+        .store
+        .bulk(
+            BulkAction::Replay,
+            &filter_of(&f),
+            &actor(&who),
+            false,
+            Utc::now(),
+        )
+        .await?
+        .count;
     Ok(done_page("Replayed", n))
 }
 
 async fn dead_purge(
     State(state): State<AppState>,
+    who: Option<Extension<Identity>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Page> {
@@ -807,7 +1068,18 @@ async fn dead_purge(
         };
         return Ok(confirm_page("Purge", "/dead/purge", &f, n));
     }
-    let n = state.inner.store.purge(&selection(&f)).await?;
+    let n = state
+        .inner
+        .store
+        .bulk(
+            BulkAction::Purge,
+            &filter_of(&f),
+            &actor(&who),
+            false,
+            Utc::now(),
+        )
+        .await?
+        .count;
     Ok(done_page("Purged", n))
 }
 
@@ -818,17 +1090,46 @@ async fn breakers(State(state): State<AppState>) -> Result<Response, Page> {
         @if list.is_empty() { p.muted { "No dependency has a breaker or a pause yet." } }
         @else {
             table #breakers {
-                thead { tr { th { "Dependency" } th { "State" } th { "Next probe" } th { "Probe permits" } th { "Rate limit" } th { "Paused until" } th { "Updated" } } }
+                thead { tr { th { "Dependency" } th { "State" } th { "Override" } th { "Next probe" } th { "Probe permits" } th { "Rate limit" } th { "Paused until" } th { "Updated" } th { "Operator" } } }
                 tbody {
                     @for b in &list {
                         tr data-name=(b.name) {
                             td { (b.name) }
                             td { (state_badge(&b.state)) }
+                            td.override {
+                                @match b.mode.as_str() {
+                                    "forced_open" => { strong.state-open { "forced open" } }
+                                    "forced_closed" => { strong.state-closed { "forced closed" } }
+                                    _ => { span.muted { "auto" } }
+                                }
+                                @if b.paused_until_resumed { br; strong.state-open { "paused until resumed" } }
+                            }
                             td { @match b.next_probe_at { Some(t) => { (relative(t, now)) }, None => { span.muted { "—" } } } }
                             td.n { (b.probe_permits) }
                             td.n.rate { @match b.rate_limit { Some(r) => { (format!("{r:.1}/s")) }, None => { span.muted { "none" } } } @if b.mode != "normal" { br; span.muted { (b.mode) } } }
                             td { (when(b.paused_until, now)) @if let Some(r) = &b.pause_reason { br; span.muted { (redact_text(r)) } } }
                             td { (when(Some(b.updated_at), now)) }
+                            td.controls {
+                                @let path = form_urlencoded::byte_serialize(b.name.as_bytes()).collect::<String>();
+                                @for (mode, label) in [("open", "Force open"), ("closed", "Force closed"), ("auto", "Auto")] {
+                                    form method="post" action=(format!("/breakers/{path}/force")) style="display:inline" {
+                                        input type="hidden" name="mode" value=(mode);
+                                        button class=(format!("force-{mode}")) type="submit" { (label) }
+                                    }
+                                    " "
+                                }
+                                br;
+                                @if b.paused_until.is_some() {
+                                    form method="post" action=(format!("/dependencies/{path}/resume")) style="display:inline" {
+                                        button.primary.resume-dependency type="submit" { "Resume" }
+                                    }
+                                } @else {
+                                    form method="post" action=(format!("/dependencies/{path}/pause")) style="display:inline" {
+                                        input name="for" placeholder="for (e.g. 30m; empty: until resumed)" size="28";
+                                        " " button.pause-dependency type="submit" { "Pause" }
+                                    }
+                                }
+                            }
                         }
                     }
                 }
@@ -1030,14 +1331,14 @@ async fn login(
     let pairs = form_pairs(body).await?;
     let get = |k: &str| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
     let next = safe_next(get("next"));
-    if !get("token").is_some_and(|t| token.matches(t)) {
+    let Some(identity) = get("token").and_then(|t| token.find(t)).cloned() else {
         state.inner.logins.failed(ip);
         tracing::warn!(client = ?ip, "failed dashboard login");
         let mut res = html_response(login_page(&next, Some("That token is not valid.")));
         *res.status_mut() = StatusCode::UNAUTHORIZED;
         return Ok(res);
-    }
-    let id = state.inner.sessions.create();
+    };
+    let id = state.inner.sessions.create(identity);
     let mut res = Redirect::to(&next).into_response();
     let cookie = format!(
         "{SESSION_COOKIE}={id}; {}; Max-Age={}",

@@ -31,6 +31,7 @@ mod dashboard;
 mod error;
 pub mod guard;
 mod idempotency;
+mod operator;
 mod server;
 mod session;
 mod state;
@@ -42,11 +43,16 @@ pub use conn::{ConnLimits, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT
 pub use error::{ApiError, PROBLEM_BASE, PROBLEM_JSON, ProblemBody, ServiceError};
 pub use guard::validate_public_host;
 pub use idempotency::{IdempotencyPage, IdempotencyRecordView};
+pub use operator::{
+    AuditPage, AuditView, BulkRequest, BulkResponse, DependencyPauseRequest, ForceRequest,
+    PausedQueueView, PausedQueuesResponse, QueueStateView,
+};
 pub use server::{app, check_exposure, serve, serve_listener};
 pub use session::{DEFAULT_SESSION_TTL, LOGIN_FAILURES_PER_MINUTE};
 pub use state::{
-    AppConfig, AppState, DEFAULT_ADDR, DEFAULT_IDEMPOTENCY_RECOVERY_WINDOW, IDEMPOTENCY_SCOPE,
-    MAX_BODY_BYTES, MIN_IDEMPOTENCY_RECOVERY_WINDOW, ReadyCheck, ServiceConfig,
+    ApiToken, AppConfig, AppState, DEFAULT_ADDR, DEFAULT_IDEMPOTENCY_RECOVERY_WINDOW,
+    IDEMPOTENCY_SCOPE, MAX_BODY_BYTES, MIN_IDEMPOTENCY_RECOVERY_WINDOW, PLAIN_TOKEN_LABEL,
+    ReadyCheck, ServiceConfig,
 };
 pub use views::*;
 

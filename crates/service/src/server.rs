@@ -13,7 +13,7 @@ use axum::routing::{get, post};
 use crate::auth::MIN_PUBLIC_TOKEN_CHARS;
 use crate::error::{ApiError, PROBLEM_JSON, ServiceError};
 use crate::state::{AppState, MAX_BODY_BYTES, ServiceConfig};
-use crate::{api, auth, conn, dashboard, guard, idempotency};
+use crate::{api, auth, conn, dashboard, guard, idempotency, operator};
 
 /// The whole application: `/v1` (behind the bearer token, if one is configured), `/metrics`,
 /// `/healthz`, `/readyz`, `/openapi.json` and the dashboard, all behind the front door
@@ -30,6 +30,21 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/breakers", get(api::breakers))
         .route("/v1/workers", get(api::workers))
         .route("/v1/idempotency", get(idempotency::list_keys))
+        .route("/v1/jobs/bulk", post(operator::bulk))
+        .route("/v1/jobs/{id}/run-now", post(operator::run_now))
+        .route("/v1/queues", get(operator::paused_queues))
+        .route("/v1/queues/{queue}/pause", post(operator::pause_queue))
+        .route("/v1/queues/{queue}/resume", post(operator::resume_queue))
+        .route(
+            "/v1/dependencies/{name}/pause",
+            post(operator::pause_dependency),
+        )
+        .route(
+            "/v1/dependencies/{name}/resume",
+            post(operator::resume_dependency),
+        )
+        .route("/v1/breakers/{name}/force", post(operator::force_breaker))
+        .route("/v1/audit", get(operator::audit))
         .route(
             "/v1/idempotency/{key}/recover",
             post(idempotency::recover_key),
@@ -143,7 +158,14 @@ pub async fn serve(
     config: ServiceConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServiceError> {
-    check_exposure(&config.addr, config.app.token.as_deref())?;
+    let mut secrets: Vec<&str> = config.app.token.iter().map(String::as_str).collect();
+    secrets.extend(config.app.tokens.iter().map(|t| t.secret.as_str()));
+    if secrets.is_empty() {
+        check_exposure(&config.addr, None)?;
+    }
+    for secret in secrets {
+        check_exposure(&config.addr, Some(secret))?;
+    }
     let state = AppState::new(config.store, config.app).await?;
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await

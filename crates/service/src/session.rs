@@ -48,7 +48,7 @@ fn plus(t: Timestamp, d: Duration) -> Timestamp {
 pub(crate) struct Sessions {
     ttl: Duration,
     clock: Arc<dyn Clock>,
-    live: Mutex<HashMap<[u8; 32], Timestamp>>,
+    live: Mutex<HashMap<[u8; 32], (Timestamp, crate::auth::Identity)>>,
 }
 
 impl Sessions {
@@ -65,37 +65,44 @@ impl Sessions {
         self.ttl
     }
 
-    /// Starts a session; returns its id (the cookie value).
-    pub(crate) fn create(&self) -> String {
+    /// Starts a session for `identity` (the token signed in with); returns its id (the
+    /// cookie value).
+    pub(crate) fn create(&self, identity: crate::auth::Identity) -> String {
         let mut bytes = [0u8; 32];
         rand::rng().fill_bytes(&mut bytes);
         let id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
         let now = self.clock.now();
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
         if live.len() >= MAX_SESSIONS {
-            live.retain(|_, exp| *exp > now);
+            live.retain(|_, (exp, _)| *exp > now);
         }
         if live.len() >= MAX_SESSIONS
-            && let Some(oldest) = live.iter().min_by_key(|(_, e)| **e).map(|(k, _)| *k)
+            && let Some(oldest) = live.iter().min_by_key(|(_, e)| e.0).map(|(k, _)| *k)
         {
             live.remove(&oldest);
         }
-        live.insert(digest(&id), plus(now, self.ttl));
+        live.insert(digest(&id), (plus(now, self.ttl), identity));
         id
     }
 
     /// Whether `id` is a live session (an expired one is forgotten).
+    #[cfg(test)]
     pub(crate) fn valid(&self, id: &str) -> bool {
+        self.get(id).is_some()
+    }
+
+    /// The identity of the live session `id` (an expired one is forgotten).
+    pub(crate) fn get(&self, id: &str) -> Option<crate::auth::Identity> {
         let key = digest(id);
         let now = self.clock.now();
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
         match live.get(&key) {
-            Some(exp) if *exp > now => true,
+            Some((exp, who)) if *exp > now => Some(who.clone()),
             Some(_) => {
                 live.remove(&key);
-                false
+                None
             }
-            None => false,
+            None => None,
         }
     }
 
@@ -197,7 +204,10 @@ mod tests {
     fn sessions_are_random_expire_and_are_revoked() {
         let clock = Arc::new(ManualClock::at_millis(0));
         let s = Sessions::new(Duration::from_secs(60), clock.clone());
-        let (a, b) = (s.create(), s.create());
+        let (a, b) = (
+            s.create(crate::auth::Identity::anonymous()),
+            s.create(crate::auth::Identity::anonymous()),
+        );
         assert_ne!(a, b);
         assert_eq!(a.len(), 64);
         assert!(s.valid(&a) && s.valid(&b));

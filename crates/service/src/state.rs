@@ -12,7 +12,7 @@ use redrive_policy::PolicySet;
 use redrive_store::{Clock, Store, SystemClock};
 use tokio::sync::Semaphore;
 
-use crate::auth::Token;
+use crate::auth::{Token, Tokens};
 use crate::conn::ConnLimits;
 use crate::error::ServiceError;
 use crate::guard::{FrontDoor, parse_public_host};
@@ -33,6 +33,53 @@ pub const MIN_IDEMPOTENCY_RECOVERY_WINDOW: Duration = idempotency::MIN_LEASE;
 
 /// The scope of every `Idempotency-Key` of the API (one tenant per service).
 pub const IDEMPOTENCY_SCOPE: &str = "default";
+
+/// The label of a token given without one (`--token SECRET`), as the audit trail names it.
+pub const PLAIN_TOKEN_LABEL: &str = "token";
+
+/// A token of [`AppConfig::tokens`]: a secret with a label (named by the audit trail) and a
+/// role.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiToken {
+    /// The label (letters, digits, `_`, `-`, `.`; at most 64).
+    pub label: String,
+    /// The secret a request carries as `Authorization: Bearer <secret>`.
+    pub secret: String,
+    /// Only reads (`GET`): writes get 403 problem+json.
+    pub read_only: bool,
+}
+
+impl fmt::Debug for ApiToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ApiToken")
+            .field("label", &self.label)
+            .field("secret", &"[redacted]")
+            .field("read_only", &self.read_only)
+            .finish()
+    }
+}
+
+fn is_label(s: &str) -> bool {
+    (1..=64).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+impl ApiToken {
+    /// Reads `label:secret`, or a plain secret (labelled [`PLAIN_TOKEN_LABEL`]) when the part
+    /// before the first `:` is not a label (or there is none).
+    pub fn parse(s: &str, read_only: bool) -> Self {
+        let (label, secret) = match s.split_once(':') {
+            Some((l, rest)) if is_label(l) && !rest.is_empty() => (l, rest),
+            _ => (PLAIN_TOKEN_LABEL, s),
+        };
+        Self {
+            label: label.to_owned(),
+            secret: secret.to_owned(),
+            read_only,
+        }
+    }
+}
 
 /// One more thing `/readyz` checks besides the store, e.g. that the in-process worker pool of
 /// `redrive serve --workers N` runs: `Err` says what is wrong (the 503's detail).
@@ -84,8 +131,11 @@ impl fmt::Debug for ReadyCheck {
 /// besides the store's.
 #[derive(Clone)]
 pub struct AppConfig {
-    /// The bearer token every `/v1` call (and the dashboard) must carry; `None`: open.
+    /// The bearer token every `/v1` call (and the dashboard) must carry; `None`: open (unless
+    /// [`AppConfig::tokens`] has some). Labelled [`PLAIN_TOKEN_LABEL`], may write.
     pub token: Option<String>,
+    /// More tokens, each with a label and a role; any of them (or `token`) is accepted.
+    pub tokens: Vec<ApiToken>,
     /// The retry policies jobs may name.
     pub policies: PolicySet,
     /// The installed Prometheus recorder's handle, rendered at `/metrics`.
@@ -116,6 +166,7 @@ impl Default for AppConfig {
     fn default() -> Self {
         Self {
             token: None,
+            tokens: Vec::new(),
             policies: PolicySet::default(),
             prometheus: None,
             public_hosts: Vec::new(),
@@ -134,6 +185,7 @@ impl fmt::Debug for AppConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AppConfig")
             .field("token", &self.token.as_ref().map(|_| "[redacted]"))
+            .field("tokens", &self.tokens)
             .field("policies", &self.policies.names().collect::<Vec<_>>())
             .field("prometheus", &self.prometheus.is_some())
             .field("public_hosts", &self.public_hosts)
@@ -170,7 +222,8 @@ pub struct AppState {
 pub(crate) struct Inner {
     pub(crate) store: Store,
     pub(crate) policies: PolicySet,
-    pub(crate) token: Option<Token>,
+    /// The accepted tokens; `None`: the service is open.
+    pub(crate) token: Option<Tokens>,
     pub(crate) prometheus: Option<PrometheusHandle>,
     pub(crate) idempotency: IdempotencyLayer,
     pub(crate) ready_checks: Vec<ReadyCheck>,
@@ -211,7 +264,19 @@ impl AppState {
     /// [`ServiceError::IdempotencyConfig`] for a recovery window below
     /// [`MIN_IDEMPOTENCY_RECOVERY_WINDOW`].
     pub async fn new(store: Store, config: AppConfig) -> Result<Self, ServiceError> {
-        let token = config.token.as_deref().map(Token::new).transpose()?;
+        let mut all = Vec::new();
+        if let Some(t) = config.token.as_deref() {
+            all.push(Token::new(t)?);
+        }
+        for t in &config.tokens {
+            if !is_label(&t.label) {
+                return Err(ServiceError::InvalidToken {
+                    reason: "its label must be 1 to 64 letters, digits, `_`, `-` or `.`",
+                });
+            }
+            all.push(Token::labelled(&t.label, &t.secret, t.read_only)?);
+        }
+        let token = Tokens::new(all);
         let public_hosts = config
             .public_hosts
             .iter()

@@ -370,6 +370,11 @@ pub struct BreakerView {
     pub rate_limit: Option<f64>,
     /// An operator's override: `normal`, `forced_open` or `forced_closed`.
     pub mode: String,
+    /// The state calls see: the forced one, else `state`.
+    pub effective_state: String,
+    /// An operator paused the dependency until resumed (`paused_until` is then the year
+    /// 9999).
+    pub paused_until_resumed: bool,
     /// Last change.
     pub updated_at: DateTime<Utc>,
     /// Recent transitions, newest first.
@@ -400,6 +405,8 @@ impl BreakerView {
                 .map(|r| r.as_str().to_owned()),
             rate_limit: f.rate,
             mode: f.mode.as_str().to_owned(),
+            effective_state: f.effective_state().as_str().to_owned(),
+            paused_until_resumed: f.paused_until_resumed(),
             updated_at: d.updated_at,
             recent_transitions: transitions,
         }

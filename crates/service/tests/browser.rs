@@ -1,8 +1,10 @@
 //! The dashboard in a real browser (headless Chromium through chromedriver, driven by
 //! fantoccini): a dead job is replayed from `/dead`, a worker then succeeds, and the job page
 //! shows "succeeded"; a job is found by its idempotency key through the search box, and the
-//! workers page opens from the nav. A screenshot goes to
-//! `target/browser-artifacts/dashboard.png`.
+//! workers page opens from the nav; then the operator controls: the queue is paused from the
+//! overview, a breaker forced open from `/breakers`, and `/audit` names all three actions.
+//! Screenshots go to `target/browser-artifacts/` (`dashboard.png`, `overview.png`,
+//! `audit.png`).
 //!
 //! Without `chromium`/`chromedriver` on PATH the test prints why and passes, unless `CI=true`,
 //! where it fails: `crates/service/tests/browser-setup.sh` installs them.
@@ -222,9 +224,86 @@ async fn replay_a_dead_job_from_the_dashboard() {
         .await
         .unwrap();
     assert!(flagged.contains("charge"), "{flagged}");
+    // Operator controls: pause the queue from the overview.
+    c.goto(&format!("{base}/")).await.unwrap();
+    c.find(Locator::Css("form[action='/queues/pay/pause'] button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_until(|| async { !h.store.paused_queues().await.unwrap().is_empty() }).await;
+    c.goto(&format!("{base}/")).await.unwrap();
+    let paused = c
+        .find(Locator::Css("tr[data-queue='pay'] .paused"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(paused, "paused");
+    // Force a breaker open from the breakers page.
+    h.store
+        .set_breaker(&redrive_store::BreakerUpdate {
+            dependency: "psp".into(),
+            expect: None,
+            state: redrive_policy::BreakerState::Closed,
+            open_until: None,
+            probe_permits: 0,
+            reason: "seen".into(),
+            now: chrono::Utc::now(),
+        })
+        .await
+        .unwrap();
+    c.goto(&format!("{base}/breakers")).await.unwrap();
+    c.find(Locator::Css(
+        "form[action='/breakers/psp/force'] button.force-open",
+    ))
+    .await
+    .unwrap()
+    .click()
+    .await
+    .unwrap();
+    wait_until(|| async {
+        h.store.dependency("psp").await.unwrap().unwrap().flow.mode
+            == redrive_policy::BreakerMode::ForcedOpen
+    })
+    .await;
+    c.goto(&format!("{base}/breakers")).await.unwrap();
+    let shown = c
+        .find(Locator::Css("tr[data-name='psp'] td.override"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(shown.contains("forced open"), "{shown}");
+    // The audit page names every action.
+    c.goto(&format!("{base}/audit")).await.unwrap();
+    let mut actions = Vec::new();
+    for row in c.find_all(Locator::Css("#audit td.action")).await.unwrap() {
+        actions.push(row.text().await.unwrap());
+    }
+    assert_eq!(actions, vec!["breaker_force", "queue_pause", "replay"]);
+    std::fs::write(dir.join("audit.png"), c.screenshot().await.unwrap()).unwrap();
 
     c.close().await.unwrap();
     stop.send(()).unwrap();
     server.await.unwrap().unwrap();
     h.cleanup().await;
+}
+
+/// Waits (at most 5 s) until `f` holds.
+async fn wait_until<F, Fut>(f: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..50 {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("not within 5 s");
 }

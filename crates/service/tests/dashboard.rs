@@ -558,3 +558,191 @@ async fn workers_page_lists_live_workers_and_flags_unhandled_kinds() {
     assert!(!r.body.contains(r#"id="unhandled""#), "{}", r.body);
     h.cleanup().await;
 }
+
+fn with_cookie(mut req: Request<Body>, cookie: &str) -> Request<Body> {
+    req.headers_mut().insert("cookie", cookie.parse().unwrap());
+    req
+}
+
+async fn login(h: &Harness, token: &str) -> String {
+    let ok = send(&h.app(), form("/login", &format!("token={token}"), SAME)).await;
+    assert_eq!(ok.status, StatusCode::SEE_OTHER, "{}", ok.body);
+    ok.header("set-cookie")
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn operator_controls_pause_a_queue_force_a_breaker_run_now_bulk_and_audit() {
+    let h = sqlite(AppConfig {
+        tokens: vec![
+            redrive_service::ApiToken::parse("alice:alice-secret-1", false),
+            redrive_service::ApiToken::parse("viewer:viewer-secret-1", true),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let now = chrono::Utc::now();
+    let later = now + chrono::Duration::hours(1);
+    let id = h
+        .store
+        .enqueue(
+            &NewJob::new("payments", "noop", json!({}))
+                .dependency("psp")
+                .run_at(later),
+            now,
+        )
+        .await
+        .unwrap()
+        .job
+        .id;
+    let alice = login(&h, "alice-secret-1").await;
+    let app = h.app();
+    // The overview offers a pause per queue; pausing shows it paused.
+    let page = send(&app, with_cookie(get("/"), &alice)).await;
+    assert!(
+        page.body.contains(r#"action="/queues/payments/pause""#),
+        "{}",
+        page.body
+    );
+    let r = send(
+        &app,
+        with_cookie(form("/queues/payments/pause", "", SAME), &alice),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.body);
+    let page = send(&app, with_cookie(get("/"), &alice)).await;
+    assert!(
+        page.body.contains(r#"class="state-open paused""#),
+        "{}",
+        page.body
+    );
+    assert!(page.body.contains(r#"action="/queues/payments/resume""#));
+    assert_eq!(h.store.paused_queues().await.unwrap()[0].queue, "payments");
+    // A cross-origin post is refused.
+    let r = send(
+        &app,
+        with_cookie(
+            form("/queues/payments/resume", "", Some("http://evil.test")),
+            &alice,
+        ),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    // Force the breaker open from the breakers page.
+    send(
+        &app,
+        with_cookie(form("/dependencies/psp/pause", "for=10m", SAME), &alice),
+    )
+    .await;
+    let page = send(&app, with_cookie(get("/breakers"), &alice)).await;
+    assert!(
+        page.body.contains(r#"action="/breakers/psp/force""#),
+        "{}",
+        page.body
+    );
+    let r = send(
+        &app,
+        with_cookie(form("/breakers/psp/force", "mode=open", SAME), &alice),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.body);
+    let page = send(&app, with_cookie(get("/breakers"), &alice)).await;
+    assert!(page.body.contains("forced open"), "{}", page.body);
+    let d = h.store.dependency("psp").await.unwrap().unwrap();
+    assert_eq!(d.flow.mode, redrive_policy::BreakerMode::ForcedOpen);
+    let bad = send(
+        &app,
+        with_cookie(form("/breakers/psp/force", "mode=maybe", SAME), &alice),
+    )
+    .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert!(bad.body.contains("mode"));
+    // Run now from the job page.
+    let page = send(&app, with_cookie(get(&format!("/jobs/{id}")), &alice)).await;
+    assert!(page.body.contains(r#"id="run-now""#), "{}", page.body);
+    send(
+        &app,
+        with_cookie(form(&format!("/jobs/{id}/run-now"), "", SAME), &alice),
+    )
+    .await;
+    let j = h.store.get(id).await.unwrap().unwrap();
+    assert!(j.run_at <= chrono::Utc::now());
+    assert_eq!(j.attempts, 0);
+    // A bulk dry run names the jobs and changes nothing.
+    let r = send(
+        &app,
+        with_cookie(
+            form("/bulk", "action=cancel&queue=payments&dry_run=1", SAME),
+            &alice,
+        ),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert!(
+        r.body.contains(r#"data-count="1" data-dry-run="true""#),
+        "{}",
+        r.body
+    );
+    assert_eq!(
+        h.store.get(id).await.unwrap().unwrap().state,
+        JobState::Scheduled
+    );
+    let r = send(
+        &app,
+        with_cookie(form("/bulk", "action=cancel", SAME), &alice),
+    )
+    .await;
+    assert_eq!(
+        r.status,
+        StatusCode::BAD_REQUEST,
+        "no filter, no 'every job': refused"
+    );
+    // The audit page shows who did what.
+    let page = send(&app, with_cookie(get("/audit"), &alice)).await;
+    assert_eq!(page.status, StatusCode::OK);
+    for action in [
+        "queue_pause",
+        "dependency_pause",
+        "breaker_force",
+        "run_now",
+    ] {
+        assert!(
+            page.body.contains(&format!(r#"data-action="{action}""#)),
+            "{action}: {}",
+            page.body
+        );
+    }
+    assert!(
+        page.body.contains(r#"<td class="actor">alice</td>"#),
+        "{}",
+        page.body
+    );
+    assert!(
+        !page.body.contains(r#"data-action="cancel""#),
+        "the dry run is not audited"
+    );
+    // A read-only session may look, not change.
+    let viewer = login(&h, "viewer-secret-1").await;
+    assert_eq!(
+        send(&app, with_cookie(get("/audit"), &viewer)).await.status,
+        StatusCode::OK
+    );
+    let r = send(
+        &app,
+        with_cookie(form("/queues/payments/resume", "", SAME), &viewer),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    assert_eq!(h.store.paused_queues().await.unwrap().len(), 1);
+    let r = send(&app, with_cookie(form("/logout", "", SAME), &viewer)).await;
+    assert_ne!(
+        r.status,
+        StatusCode::FORBIDDEN,
+        "a read-only session may sign out"
+    );
+    h.cleanup().await;
+}

@@ -811,7 +811,8 @@ fn the_openapi_document_lists_the_front_door_answers() {
         }
     }
     assert_eq!(
-        writes, 4,
-        "POST /v1/jobs, replay, cancel, idempotency recover"
+        writes, 12,
+        "POST /v1/jobs, replay, cancel, idempotency recover, and the operator's: queue pause and \
+         resume, dependency pause and resume, breaker force, run-now, bulk"
     );
 }

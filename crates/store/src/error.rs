@@ -65,6 +65,13 @@ pub enum StoreError {
         /// What happened to it.
         reason: String,
     },
+    /// Other writers changed a row every time it was read and written back
+    /// (compare-and-set); the operation changed nothing. Try again.
+    #[error("{what} was changed by other writers at every try; nothing changed, try again")]
+    Contended {
+        /// What was contended (e.g. `dependency "psp"`).
+        what: String,
+    },
     /// The database failed.
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),

@@ -33,6 +33,7 @@ mod clock;
 mod error;
 mod insights;
 mod model;
+mod operator;
 mod ops;
 mod postgres;
 mod rows;
@@ -50,6 +51,10 @@ pub use model::{
     Enqueued, Job, JobId, JobState, Kinds, Lease, ListParams, MAX_BATCH, MAX_MAX_ATTEMPTS,
     MAX_NAME_LEN, MAX_PRIORITY, MIN_PRIORITY, NewAttempt, NewJob, Page, QueueCount, Rescued,
     Selection, Transition, from_millis,
+};
+pub use operator::{
+    Actor, AuditEntry, BulkAction, BulkOutcome, DependencyOp, JobFilter, MAX_AUDIT_PAGE,
+    PausedQueue,
 };
 pub use postgres::PgStore;
 pub use redrive_policy::Timestamp;
@@ -344,6 +349,80 @@ impl Store {
     /// Lifts a pause.
     pub async fn unpause(&self, dependency: &str, now: Timestamp) -> Result<()> {
         dispatch!(self, s => s.unpause_impl(dependency, now).await)
+    }
+
+    /// Pauses a queue fleet-wide: workers claim nothing from it (running jobs finish) until
+    /// [`Store::resume_queue`]. Audited in the same transaction. Returns whether it was not
+    /// paused before.
+    pub async fn pause_queue(&self, queue: &str, actor: &Actor, now: Timestamp) -> Result<bool> {
+        dispatch!(self, s => s.pause_queue_impl(queue, actor, now).await)
+    }
+
+    /// Resumes a paused queue (audited). Returns whether it was paused.
+    pub async fn resume_queue(&self, queue: &str, actor: &Actor, now: Timestamp) -> Result<bool> {
+        dispatch!(self, s => s.resume_queue_impl(queue, actor, now).await)
+    }
+
+    /// Dead jobs that died at or after `since`, by the time they died (then id): at most
+    /// `limit` (1..=10000). What alerts watch.
+    pub async fn dead_since(&self, since: Timestamp, limit: u32) -> Result<Vec<Job>> {
+        dispatch!(self, s => s.dead_since_impl(since, limit).await)
+    }
+
+    /// Per queue that is not paused, the `run_at` of its oldest job due by `now` and not yet
+    /// claimed (how long its backlog has waited), by queue name.
+    pub async fn oldest_due(&self, now: Timestamp) -> Result<Vec<(String, Timestamp)>> {
+        dispatch!(self, s => s.oldest_due_impl(now).await)
+    }
+
+    /// The paused queues, by name.
+    pub async fn paused_queues(&self) -> Result<Vec<PausedQueue>> {
+        dispatch!(self, s => s.paused_queues_impl().await)
+    }
+
+    /// A bulk operator action on every job the filter takes that the action applies to (its
+    /// states: [`BulkAction::states`]), in one transaction with its audit row. A dry run
+    /// returns the jobs it would change, and changes (and audits) nothing.
+    pub async fn bulk(
+        &self,
+        action: BulkAction,
+        filter: &JobFilter,
+        actor: &Actor,
+        dry_run: bool,
+        now: Timestamp,
+    ) -> Result<BulkOutcome> {
+        dispatch!(self, s => s.bulk_impl(action, filter, actor, dry_run, now).await)
+    }
+
+    /// An operator's override of a dependency (pause, resume, forced breaker), applied by the
+    /// flow core to its shared row with a compare-and-set, with its transition (if any) and
+    /// its audit row in the same transaction. Returns the row after it.
+    pub async fn operate_dependency(
+        &self,
+        dependency: &str,
+        op: DependencyOp,
+        actor: &Actor,
+        now: Timestamp,
+    ) -> Result<Dependency> {
+        dispatch!(self, s => s.operate_dependency_impl(dependency, op, actor, now).await)
+    }
+
+    /// Writes one audit row (for operator actions that are not the store's own).
+    pub async fn record_audit(
+        &self,
+        actor: &Actor,
+        action: &str,
+        target: &serde_json::Value,
+        rows: u64,
+        now: Timestamp,
+    ) -> Result<i64> {
+        dispatch!(self, s => s.record_audit_impl(actor, action, target, rows, now).await)
+    }
+
+    /// The audit trail, newest first: at most `limit` rows (1..=[`MAX_AUDIT_PAGE`]) with ids
+    /// below `before` (keyset pagination).
+    pub async fn audit(&self, before: Option<i64>, limit: u32) -> Result<Vec<AuditEntry>> {
+        dispatch!(self, s => s.audit_impl(before, limit).await)
     }
 
     /// A receiver that changes whenever work may have appeared (enqueue, replay, rescue,

@@ -235,7 +235,7 @@ impl NewJob {
     }
 }
 
-fn name(field: &'static str, v: &str) -> crate::Result<()> {
+pub(crate) fn name(field: &'static str, v: &str) -> crate::Result<()> {
     let bad = |reason: &str| crate::StoreError::Invalid {
         field,
         value: v.chars().take(80).collect(),

@@ -323,3 +323,4 @@ const COMPLETE_SQL: &str = "WITH v AS (SELECT * FROM UNNEST(CAST($1 AS INT8[]), 
   SELECT id FROM upd";
 
 crate::ops::shared_ops!(PgStore, Postgres, PgConnection);
+crate::operator::operator_ops!(PgStore, crate::sql::Dialect::Postgres);

@@ -59,10 +59,12 @@ pub(crate) struct Sql {
 
 const CLAIMABLE: &str = "j.state IN ('scheduled', 'available', 'deferred') AND j.run_at <= $1 \
     AND j.queue IN JSON_TEXTS_2 \
+    AND NOT EXISTS (SELECT 1 FROM redrive_paused_queues pq WHERE pq.queue = j.queue) \
     AND (j.dependency IS NULL OR NOT EXISTS (SELECT 1 FROM redrive_dependencies d \
          WHERE d.name = j.dependency AND ((d.paused_until IS NOT NULL AND d.paused_until > $1) \
-           OR (d.state = 'open' AND (d.open_until IS NULL OR d.open_until > $1)) \
-           OR (d.state = 'half_open' AND d.probe_permits <= 0))))";
+           OR d.mode = 'forced_open' OR (d.mode = 'normal' AND \
+           ((d.state = 'open' AND (d.open_until IS NULL OR d.open_until > $1)) \
+           OR (d.state = 'half_open' AND d.probe_permits <= 0))))))";
 
 /// Appended to [`CLAIMABLE`] by a claim of some kinds only (`$6`, a JSON array). The list is
 /// read once per statement (on PostgreSQL an array built by an init plan, compared with
@@ -270,9 +272,11 @@ const NEXT_DUE: &str = "SELECT MIN(CASE WHEN d.name IS NULL THEN j.run_at ELSE G
     COALESCE(d.paused_until, 0), \
     CASE WHEN d.state = 'open' THEN COALESCE(d.open_until, 0) ELSE 0 END) END) \
     FROM redrive_jobs j LEFT JOIN redrive_dependencies d ON d.name = j.dependency \
-    WHERE j.state IN ('scheduled', 'available', 'deferred') AND j.queue IN JSON_TEXTS_1";
+    WHERE j.state IN ('scheduled', 'available', 'deferred') AND j.queue IN JSON_TEXTS_1 \
+    AND NOT EXISTS (SELECT 1 FROM redrive_paused_queues pq WHERE pq.queue = j.queue) \
+    AND (d.mode IS NULL OR d.mode <> 'forced_open')";
 
-const REPLAY_SET: &str = "state = 'available', run_at = $1, attempts = 0, exceptions = 0, defers = 0, \
+pub(crate) const REPLAY_SET: &str = "state = 'available', run_at = $1, attempts = 0, exceptions = 0, defers = 0, \
     consecutive_auth = 0, prev_delay_ms = NULL, first_attempt_at = NULL, \
     deadline = CASE WHEN ttl_ms IS NULL THEN NULL ELSE $1 + ttl_ms END, dead_reason = NULL, \
     defer_reason = NULL, replays = replays + 1, finished_at = NULL, updated_at = $1";

@@ -405,3 +405,4 @@ mod tests {
         }
     }
 }
+crate::operator::operator_ops!(SqliteStore, crate::sql::Dialect::Sqlite);

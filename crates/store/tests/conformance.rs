@@ -180,6 +180,12 @@ conformance!(
     claim_takes_only_the_given_kinds,
     workers_register_beat_expire_and_flag_unhandled_kinds,
     list_by_key_across_queues,
+    paused_queue_is_not_claimed_until_resumed,
+    operator_pause_of_a_dependency,
+    forced_breakers_decide_claims,
+    run_now_brings_jobs_forward_keeping_budgets,
+    bulk_actions_by_filter_dry_run_and_audit,
+    dead_since_and_oldest_due_for_alerts,
 );
 
 mod cases {
@@ -1613,6 +1619,552 @@ mod cases {
             .collect();
         expect.sort_by(|x, y| (&x.queue, x.state.as_str()).cmp(&(&y.queue, y.state.as_str())));
         assert_eq!(s.counts().await.unwrap(), expect);
+    }
+
+    fn op() -> Actor {
+        Actor::new("alice", "cli")
+    }
+
+    async fn kill(s: &Store, j: &Job, reason: DeadReason, error: &str, now: Timestamp) {
+        let mut c = with(j, Transition::Dead { reason }, now);
+        c.error = Some(error.into());
+        s.complete(&c).await.unwrap();
+    }
+
+    pub(super) async fn paused_queue_is_not_claimed_until_resumed(s: &Store) {
+        let now = ms(T0);
+        let a = s.enqueue(&job("a"), now).await.unwrap().job.id;
+        let b = s.enqueue(&job("b"), now).await.unwrap().job.id;
+        assert!(s.pause_queue("a", &op(), now).await.unwrap());
+        // Pausing twice changes nothing (and says so).
+        assert!(!s.pause_queue("a", &op(), now).await.unwrap());
+        let paused = s.paused_queues().await.unwrap();
+        assert_eq!(paused.len(), 1);
+        assert_eq!(
+            (paused[0].queue.as_str(), paused[0].paused_by.as_str()),
+            ("a", "alice")
+        );
+        assert_eq!(paused[0].paused_at, now);
+        let mut p = claim_params("a", 10, now);
+        p.queues.push("b".into());
+        let got: Vec<i64> = s.claim(&p).await.unwrap().iter().map(|j| j.id).collect();
+        assert_eq!(got, vec![b]);
+        // No busy loop on a paused queue: nothing of it is due.
+        assert_eq!(s.next_due(&["a".into()]).await.unwrap(), None);
+        assert!(
+            s.claim(&claim_params("a", 10, now))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        // Resumed: claimed at the next poll, and the job is untouched.
+        assert!(s.resume_queue("a", &op(), now).await.unwrap());
+        assert!(!s.resume_queue("a", &op(), now).await.unwrap());
+        assert!(s.paused_queues().await.unwrap().is_empty());
+        let got = s.claim(&claim_params("a", 10, now)).await.unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].id, got[0].attempts), (a, 0));
+        // Every call audited, newest first, with how many rows it changed.
+        let audit = s.audit(None, 10).await.unwrap();
+        let seen: Vec<(&str, u64)> = audit.iter().map(|e| (e.action.as_str(), e.rows)).collect();
+        assert_eq!(
+            seen,
+            vec![
+                ("queue_resume", 0),
+                ("queue_resume", 1),
+                ("queue_pause", 0),
+                ("queue_pause", 1)
+            ]
+        );
+        assert_eq!(audit[0].actor, "alice");
+        assert_eq!(audit[0].via, "cli");
+        assert_eq!(audit[0].target, json!({"queue": "a"}));
+        assert_eq!(audit[0].at, now);
+        // Keyset pagination.
+        let older = s.audit(Some(audit[1].id), 10).await.unwrap();
+        assert_eq!(older.len(), 2);
+        assert_eq!(older[0].id, audit[2].id);
+        // A bad name is refused, naming the field.
+        let e = s.pause_queue("", &op(), now).await.unwrap_err();
+        assert!(e.to_string().contains("queue"), "{e}");
+    }
+
+    pub(super) async fn operator_pause_of_a_dependency(s: &Store) {
+        let now = ms(T0);
+        s.enqueue(&job("q").dependency("psp"), now).await.unwrap();
+        // Paused until a time: not claimed before it, claimed at it.
+        let d = s
+            .operate_dependency(
+                "psp",
+                DependencyOp::Pause {
+                    until: Some(ms(T0 + 60_000)),
+                },
+                &op(),
+                now,
+            )
+            .await
+            .unwrap();
+        assert_eq!(d.flow.paused_until, Some(ms(T0 + 60_000)));
+        assert_eq!(d.flow.pause_reason, Some(PauseReason::Operator));
+        assert!(
+            s.claim(&claim_params("q", 1, ms(T0 + 59_999)))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(
+            s.next_due(&["q".into()]).await.unwrap(),
+            Some(ms(T0 + 60_000))
+        );
+        // Until resumed: held far beyond, then resumed and claimed.
+        let d = s
+            .operate_dependency("psp", DependencyOp::Pause { until: None }, &op(), now)
+            .await
+            .unwrap();
+        assert!(d.flow.paused_until_resumed());
+        assert_eq!(s.dependency("psp").await.unwrap().unwrap().flow, d.flow);
+        let far = ms(T0 + 365 * 24 * 3_600_000);
+        assert!(
+            s.claim(&claim_params("q", 1, far))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        let d = s
+            .operate_dependency("psp", DependencyOp::Resume, &op(), now)
+            .await
+            .unwrap();
+        assert_eq!((d.flow.paused_until, d.flow.pause_reason), (None, None));
+        assert_eq!(s.claim(&claim_params("q", 1, now)).await.unwrap().len(), 1);
+        // A pause ending in the past is refused, naming the field.
+        let e = s
+            .operate_dependency(
+                "psp",
+                DependencyOp::Pause {
+                    until: Some(ms(T0 - 1)),
+                },
+                &op(),
+                now,
+            )
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("until"), "{e}");
+        let audit = s.audit(None, 10).await.unwrap();
+        let actions: Vec<&str> = audit.iter().map(|e| e.action.as_str()).collect();
+        assert_eq!(
+            actions,
+            vec!["dependency_resume", "dependency_pause", "dependency_pause"]
+        );
+        assert_eq!(audit[1].target, json!({"dependency": "psp", "until": null}));
+        assert_eq!(audit[2].target["dependency"], "psp");
+    }
+
+    pub(super) async fn forced_breakers_decide_claims(s: &Store) {
+        let now = ms(T0);
+        let id = s
+            .enqueue(&job("q").dependency("psp"), now)
+            .await
+            .unwrap()
+            .job
+            .id;
+        // Forced open: nothing is claimed, whatever the time, and next_due does not spin.
+        let d = s
+            .operate_dependency(
+                "psp",
+                DependencyOp::Force(BreakerMode::ForcedOpen),
+                &op(),
+                now,
+            )
+            .await
+            .unwrap();
+        assert_eq!(d.flow.mode, BreakerMode::ForcedOpen);
+        assert_eq!(d.flow.effective_state(), BreakerState::Open);
+        assert!(
+            s.claim(&claim_params("q", 1, ms(T0 + 3_600_000)))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(s.next_due(&["q".into()]).await.unwrap(), None);
+        // The machine's breaker open (another process tripped it), but forced closed: claimed.
+        s.set_breaker(&BreakerUpdate {
+            dependency: "psp".into(),
+            state: BreakerState::Open,
+            open_until: Some(ms(T0 + 3_600_000)),
+            probe_permits: 0,
+            expect: None,
+            reason: "failure rate".into(),
+            now,
+        })
+        .await
+        .unwrap();
+        let d = s
+            .operate_dependency(
+                "psp",
+                DependencyOp::Force(BreakerMode::ForcedClosed),
+                &op(),
+                now,
+            )
+            .await
+            .unwrap();
+        assert_eq!(d.flow.state, BreakerState::Open);
+        assert_eq!(d.flow.effective_state(), BreakerState::Closed);
+        let got = s.claim(&claim_params("q", 1, now)).await.unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].id, id);
+        s.complete(&with(
+            &got[0],
+            Transition::Deferred {
+                until: now,
+                reason: DeferReason::BreakerOpen,
+                delay: Duration::ZERO,
+            },
+            now,
+        ))
+        .await
+        .unwrap();
+        // Auto: back to the machine, from closed.
+        let d = s
+            .operate_dependency("psp", DependencyOp::Force(BreakerMode::Normal), &op(), now)
+            .await
+            .unwrap();
+        assert_eq!(
+            (d.flow.mode, d.flow.state, d.flow.open_until),
+            (BreakerMode::Normal, BreakerState::Closed, None)
+        );
+        assert_eq!(s.claim(&claim_params("q", 1, now)).await.unwrap().len(), 1);
+        // The transitions are in the history, naming who forced them.
+        let ev = s.dependency_events(Some("psp"), 10).await.unwrap();
+        assert!(
+            ev.iter()
+                .any(|e| e.to == BreakerState::Open && e.reason.contains("alice")),
+            "{ev:?}"
+        );
+        let audit = s.audit(None, 10).await.unwrap();
+        let modes: Vec<&str> = audit
+            .iter()
+            .map(|e| e.target["mode"].as_str().unwrap_or(""))
+            .collect();
+        assert_eq!(modes, vec!["auto", "closed", "open"]);
+        assert!(
+            audit
+                .iter()
+                .all(|e| e.action == "breaker_force" && e.rows == 1)
+        );
+    }
+
+    pub(super) async fn run_now_brings_jobs_forward_keeping_budgets(s: &Store) {
+        let now = ms(T0);
+        let later = ms(T0 + 3_600_000);
+        let scheduled = s
+            .enqueue(&job("q").run_at(later), now)
+            .await
+            .unwrap()
+            .job
+            .id;
+        // A deferred job that has used one attempt.
+        let deferred = s.enqueue(&job("q").max_attempts(5), now).await.unwrap().job;
+        let j = &s.claim(&claim_params("q", 10, now)).await.unwrap()[0];
+        assert_eq!(j.id, deferred.id);
+        s.complete(&with(
+            j,
+            Transition::Deferred {
+                until: later,
+                reason: DeferReason::Backoff,
+                delay: Duration::from_secs(3600),
+            },
+            now,
+        ))
+        .await
+        .unwrap();
+        let before = s.get(deferred.id).await.unwrap().unwrap();
+        assert_eq!(before.state, JobState::Deferred);
+        assert!(
+            s.claim(&claim_params("q", 10, now))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        // A dry run changes nothing.
+        let f = JobFilter::ids(vec![scheduled, deferred.id]);
+        let dry = s
+            .bulk(BulkAction::RunNow, &f, &op(), true, now)
+            .await
+            .unwrap();
+        assert_eq!((dry.count, dry.dry_run), (2, true));
+        assert_eq!(s.get(scheduled).await.unwrap().unwrap().run_at, later);
+        assert!(s.audit(None, 10).await.unwrap().is_empty());
+        let out = s
+            .bulk(BulkAction::RunNow, &f, &op(), false, now)
+            .await
+            .unwrap();
+        assert_eq!(out.ids, vec![scheduled, deferred.id]);
+        let after = s.get(deferred.id).await.unwrap().unwrap();
+        assert_eq!(after.run_at, now);
+        // Budgets untouched.
+        assert_eq!(
+            (
+                after.attempts,
+                after.max_attempts,
+                after.defers,
+                after.first_attempt_at,
+                after.deadline
+            ),
+            (
+                before.attempts,
+                before.max_attempts,
+                before.defers,
+                before.first_attempt_at,
+                before.deadline
+            )
+        );
+        assert_eq!(s.claim(&claim_params("q", 10, now)).await.unwrap().len(), 2);
+        // Jobs already due, running or finished are not "brought forward".
+        let again = s
+            .bulk(BulkAction::RunNow, &f, &op(), false, now)
+            .await
+            .unwrap();
+        assert_eq!(again.count, 0);
+        let audit = s.audit(None, 10).await.unwrap();
+        assert_eq!(audit.len(), 2);
+        assert_eq!((audit[1].action.as_str(), audit[1].rows), ("run_now", 2));
+        assert_eq!(audit[1].target, json!({"ids": [scheduled, deferred.id]}));
+    }
+
+    pub(super) async fn bulk_actions_by_filter_dry_run_and_audit(s: &Store) {
+        let now = ms(T0);
+        let mut mk = Vec::new();
+        for (q, kind, dep) in [
+            ("a", "http", Some("psp-1")),
+            ("a", "http", Some("psp-2")),
+            ("a", "charge", None),
+            ("b", "http", Some("psp-1")),
+        ] {
+            let mut j = NewJob::new(q, kind, json!({}));
+            if let Some(d) = dep {
+                j = j.dependency(d);
+            }
+            mk.push(s.enqueue(&j, now).await.unwrap().job.id);
+        }
+        for q in ["a", "b"] {
+            for j in s.claim(&claim_params(q, 10, now)).await.unwrap() {
+                let (reason, err) = if j.id == mk[0] {
+                    (DeadReason::Permanent, "card ch_12345678 declined (code 51)")
+                } else if j.id == mk[1] {
+                    (DeadReason::Permanent, "card ch_87654321 declined (code 05)")
+                } else {
+                    (DeadReason::AttemptsExhausted, "HTTP 503")
+                };
+                kill(s, &j, reason, err, now).await;
+            }
+        }
+        let waiting = s
+            .enqueue(&NewJob::new("a", "http", json!({})), now)
+            .await
+            .unwrap()
+            .job
+            .id;
+        let dead = |ids: &[i64]| {
+            let ids = ids.to_vec();
+            async move {
+                let mut n = 0;
+                for id in ids {
+                    if s.get(id)
+                        .await
+                        .unwrap()
+                        .is_some_and(|j| j.state == JobState::Dead)
+                    {
+                        n += 1;
+                    }
+                }
+                n
+            }
+        };
+        // Dry runs of every action change nothing and write no audit row.
+        for action in BulkAction::ALL {
+            let out = s
+                .bulk(action, &JobFilter::default(), &op(), true, now)
+                .await
+                .unwrap();
+            assert!(out.dry_run);
+            let want = match action {
+                BulkAction::Replay | BulkAction::Purge => mk.clone(),
+                BulkAction::Cancel => vec![waiting],
+                BulkAction::RunNow => vec![],
+            };
+            assert_eq!(out.ids, want, "{action:?}");
+        }
+        assert_eq!(dead(&mk).await, 4);
+        assert_eq!(
+            s.get(waiting).await.unwrap().unwrap().state,
+            JobState::Available
+        );
+        assert!(s.audit(None, 10).await.unwrap().is_empty());
+        // Each filter.
+        let by = |f: JobFilter| async move {
+            s.bulk(BulkAction::Replay, &f, &op(), true, now)
+                .await
+                .unwrap()
+                .ids
+        };
+        assert_eq!(
+            by(JobFilter {
+                queue: Some("b".into()),
+                ..Default::default()
+            })
+            .await,
+            vec![mk[3]]
+        );
+        assert_eq!(
+            by(JobFilter {
+                kind: Some("charge".into()),
+                ..Default::default()
+            })
+            .await,
+            vec![mk[2]]
+        );
+        assert_eq!(
+            by(JobFilter {
+                dependency: Some("psp-1".into()),
+                ..Default::default()
+            })
+            .await,
+            vec![mk[0], mk[3]]
+        );
+        assert_eq!(
+            by(JobFilter {
+                dead_reason: Some("permanent".into()),
+                ..Default::default()
+            })
+            .await,
+            vec![mk[0], mk[1]]
+        );
+        let sig = error_signature("card ch_12345678 declined (code 51)");
+        assert_eq!(
+            by(JobFilter {
+                signature: Some(sig.clone()),
+                ..Default::default()
+            })
+            .await,
+            vec![mk[0], mk[1]]
+        );
+        assert_eq!(
+            by(JobFilter {
+                queue: Some("a".into()),
+                dependency: Some("psp-1".into()),
+                ..Default::default()
+            })
+            .await,
+            vec![mk[0]]
+        );
+        // Replay by signature, purge by queue, cancel by kind: each audited once.
+        let sig_filter = JobFilter {
+            signature: Some(sig),
+            ..Default::default()
+        };
+        let r = s
+            .bulk(BulkAction::Replay, &sig_filter, &op(), false, now)
+            .await
+            .unwrap();
+        assert_eq!(r.ids, vec![mk[0], mk[1]]);
+        let j = s.get(mk[0]).await.unwrap().unwrap();
+        assert_eq!(
+            (j.state, j.attempts, j.replays),
+            (JobState::Available, 0, 1)
+        );
+        let b = JobFilter {
+            queue: Some("b".into()),
+            ..Default::default()
+        };
+        let p = s
+            .bulk(BulkAction::Purge, &b, &op(), false, now)
+            .await
+            .unwrap();
+        assert_eq!(p.ids, vec![mk[3]]);
+        assert!(s.get(mk[3]).await.unwrap().is_none());
+        assert!(s.attempts(mk[3]).await.unwrap().is_empty());
+        let c = s
+            .bulk(
+                BulkAction::Cancel,
+                &JobFilter {
+                    kind: Some("http".into()),
+                    ..Default::default()
+                },
+                &Actor::new("ops-token", "api"),
+                false,
+                now,
+            )
+            .await
+            .unwrap();
+        assert_eq!(c.ids, vec![mk[0], mk[1], waiting]);
+        assert_eq!(
+            s.get(waiting).await.unwrap().unwrap().state,
+            JobState::Cancelled
+        );
+        // The charge job is still dead: no filter took it.
+        assert_eq!(dead(&[mk[2]]).await, 1);
+        let audit = s.audit(None, 10).await.unwrap();
+        let seen: Vec<(&str, &str, u64)> = audit
+            .iter()
+            .map(|e| (e.action.as_str(), e.actor.as_str(), e.rows))
+            .collect();
+        assert_eq!(
+            seen,
+            vec![
+                ("cancel", "ops-token", 3),
+                ("purge", "alice", 1),
+                ("replay", "alice", 2)
+            ]
+        );
+        assert_eq!(audit[0].via, "api");
+        assert_eq!(audit[0].target, json!({"kind": "http"}));
+        assert_eq!(audit[1].target, json!({"queue": "b"}));
+        // Ids and filters must be valid.
+        let e = s
+            .bulk(
+                BulkAction::Replay,
+                &JobFilter {
+                    queue: Some(String::new()),
+                    ..Default::default()
+                },
+                &op(),
+                false,
+                now,
+            )
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("queue"), "{e}");
+    }
+
+    pub(super) async fn dead_since_and_oldest_due_for_alerts(s: &Store) {
+        let t = |d: i64| ms(T0 + d);
+        let a = s.enqueue(&job("a"), t(0)).await.unwrap().job.id;
+        let b = s.enqueue(&job("b"), t(0)).await.unwrap().job.id;
+        s.enqueue(&job("c").run_at(t(50_000)), t(0)).await.unwrap();
+        let jb = s.claim(&claim_params("b", 1, t(1_000))).await.unwrap();
+        kill(s, &jb[0], DeadReason::Permanent, "x", t(2_000)).await;
+        let ja = s.claim(&claim_params("a", 1, t(3_000))).await.unwrap();
+        kill(s, &ja[0], DeadReason::Permanent, "y", t(3_000)).await;
+        let ids = |v: Vec<Job>| v.into_iter().map(|j| j.id).collect::<Vec<_>>();
+        // By the time they died, then id.
+        assert_eq!(ids(s.dead_since(t(0), 10).await.unwrap()), vec![b, a]);
+        assert_eq!(ids(s.dead_since(t(2_001), 10).await.unwrap()), vec![a]);
+        assert_eq!(ids(s.dead_since(t(0), 1).await.unwrap()), vec![b]);
+        // The oldest due job per queue: c is not due yet; then it is.
+        s.enqueue(&job("d").run_at(t(10)), t(0)).await.unwrap();
+        s.enqueue(&job("d").run_at(t(20)), t(0)).await.unwrap();
+        assert_eq!(
+            s.oldest_due(t(40_000)).await.unwrap(),
+            vec![("d".into(), t(10))]
+        );
+        let due = s.oldest_due(t(60_000)).await.unwrap();
+        assert_eq!(due, vec![("c".into(), t(50_000)), ("d".into(), t(10))]);
+        // A paused queue is left out.
+        s.pause_queue("d", &op(), t(0)).await.unwrap();
+        assert_eq!(
+            s.oldest_due(t(60_000)).await.unwrap(),
+            vec![("c".into(), t(50_000))]
+        );
     }
 }
 

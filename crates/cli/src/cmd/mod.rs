@@ -5,6 +5,7 @@ pub(crate) mod bench_runtime;
 pub(crate) mod demo;
 pub(crate) mod demo_scenario;
 pub(crate) mod idempotency;
+pub(crate) mod operator;
 pub(crate) mod policy;
 pub(crate) mod psp_sim;
 pub(crate) mod queue;

@@ -1,21 +1,18 @@
-//! The queue commands: `migrate`, `enqueue`, `jobs`, `show`, `dead`, `cancel`, `stats`,
-//! `workers`, `breakers`.
+//! The queue commands: `migrate`, `enqueue`, `jobs`, `show`, `dead list`, `stats`,
+//! `workers`, `breakers` (the operator's changes are in `operator`).
 
 use crate::out::{out, outln};
-use std::io::{IsTerminal, Read, Write};
+use std::io::Read;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use redrive_http::redact::{redact_text, redact_value};
 use redrive_http::validate::{MAX_PAYLOAD_BYTES, run_at_after};
 use redrive_http::{EnqueueError, check_same_request, validate_new_job};
-use redrive_store::{Attempt, Job, JobState, ListParams, NewJob, Selection, Store, StoreError};
+use redrive_store::{Attempt, Job, JobState, ListParams, NewJob, Store, StoreError};
 use serde_json::json;
 
-use crate::args::{
-    CancelArgs, DeadCommand, DeadListArgs, DeadSelection, EnqueueArgs, Global, JobsArgs, JsonArgs,
-    ShowArgs,
-};
+use crate::args::{DeadCommand, DeadListArgs, EnqueueArgs, Global, JobsArgs, JsonArgs, ShowArgs};
 use crate::error::usage;
 use crate::policies;
 
@@ -462,8 +459,8 @@ fn print_attempts(attempts: &[Attempt]) -> anyhow::Result<()> {
 pub(crate) fn dead(global: &Global, cmd: DeadCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         DeadCommand::List(a) => dead_list(global, a),
-        DeadCommand::Replay(s) => dead_bulk(global, s, true),
-        DeadCommand::Purge(s) => dead_bulk(global, s, false),
+        DeadCommand::Replay(s) => crate::cmd::operator::dead_bulk(global, s, true),
+        DeadCommand::Purge(s) => crate::cmd::operator::dead_bulk(global, s, false),
     }
 }
 
@@ -485,223 +482,6 @@ fn dead_list(global: &Global, a: DeadListArgs) -> anyhow::Result<ExitCode> {
             print_jobs(&page.jobs)?;
         }
         Ok(ExitCode::SUCCESS)
-    })
-}
-
-fn selection(s: &DeadSelection) -> anyhow::Result<Selection> {
-    match (s.all, s.ids.is_empty()) {
-        (true, true) => Ok(Selection::All {
-            queue: s.queue.clone(),
-        }),
-        (false, false) => Ok(Selection::Ids(s.ids.clone())),
-        (true, false) => Err(usage("give job ids or --all, not both")),
-        (false, true) => Err(usage("give job ids or --all")),
-    }
-}
-
-/// One id a bulk command could not act on, and why.
-#[derive(Debug, serde::Serialize)]
-struct Skipped {
-    id: i64,
-    reason: String,
-}
-
-/// Why `id` cannot be replayed or purged (it is not dead), or `None` if it is dead.
-async fn not_dead(store: &Store, id: i64) -> anyhow::Result<Option<String>> {
-    Ok(match store.get(id).await? {
-        None => Some("no such job".into()),
-        Some(j) if j.state != JobState::Dead => Some(format!("{}, not dead", j.state)),
-        Some(_) => None,
-    })
-}
-
-/// Every dead job of the selection (for `--dry-run` and the question before a purge).
-async fn dead_ids(store: &Store, queue: Option<&str>) -> anyhow::Result<Vec<Job>> {
-    let mut out = Vec::new();
-    let mut after = None;
-    loop {
-        let page = store
-            .list(&ListParams {
-                state: Some(JobState::Dead),
-                queue: queue.map(str::to_owned),
-                after,
-                limit: Some(1000),
-                ..Default::default()
-            })
-            .await?;
-        out.extend(page.jobs);
-        match page.next {
-            Some(n) => after = Some(n),
-            None => return Ok(out),
-        }
-    }
-}
-
-/// Asks on the terminal before a purge; refuses without `--yes` when stdin is not one.
-fn confirm_purge(n: usize, what: &str) -> anyhow::Result<bool> {
-    if !std::io::stdin().is_terminal() {
-        return Err(usage(
-            "dead purge deletes jobs and their history for good: add --yes to confirm (or --dry-run to see what it would delete)",
-        ));
-    }
-    eprint!(
-        "purge {n} dead job{} ({what}) and their history for good? [y/N] ",
-        plural(n)
-    );
-    let _ = std::io::stderr().flush();
-    let mut answer = String::new();
-    std::io::stdin().read_line(&mut answer)?;
-    Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes"))
-}
-
-fn plural(n: usize) -> &'static str {
-    if n == 1 { "" } else { "s" }
-}
-
-fn dead_bulk(global: &Global, s: DeadSelection, replay: bool) -> anyhow::Result<ExitCode> {
-    let sel = selection(&s)?;
-    let (verb, would) = if replay {
-        ("replayed", "would replay")
-    } else {
-        ("purged", "would purge")
-    };
-    block_on(async move {
-        let store = open_existing(global).await?;
-        let now = chrono::Utc::now();
-        let mut skipped: Vec<Skipped> = Vec::new();
-        // The dead jobs it is about: every one of --all, or the given ids that are dead.
-        let mut targets: Vec<i64> = Vec::new();
-        match &sel {
-            Selection::All { queue } => {
-                if s.dry_run || !replay {
-                    targets = dead_ids(&store, queue.as_deref())
-                        .await?
-                        .iter()
-                        .map(|j| j.id)
-                        .collect();
-                }
-            }
-            Selection::Ids(ids) => {
-                for &id in ids {
-                    match not_dead(&store, id).await? {
-                        Some(reason) => skipped.push(Skipped { id, reason }),
-                        None if !targets.contains(&id) => targets.push(id),
-                        None => {}
-                    }
-                }
-            }
-        }
-        if !replay && !s.dry_run && !s.yes && !targets.is_empty() {
-            let what = match (&sel, s.queue.as_deref()) {
-                (Selection::All { .. }, Some(q)) => format!("all of queue {q}"),
-                (Selection::All { .. }, None) => "all".to_owned(),
-                _ => format!(
-                    "ids {}",
-                    targets
-                        .iter()
-                        .map(i64::to_string)
-                        .collect::<Vec<_>>()
-                        .join(" ")
-                ),
-            };
-            if !confirm_purge(targets.len(), &what)? {
-                eprintln!("nothing purged");
-                return Ok(ExitCode::from(1));
-            }
-        }
-        let mut done: Vec<i64> = Vec::new();
-        let mut n: u64 = 0;
-        if s.dry_run {
-            n = targets.len() as u64;
-            done = targets;
-        } else if let Selection::All { queue } = &sel {
-            let all = Selection::All {
-                queue: queue.clone(),
-            };
-            n = if replay {
-                store.replay(&all, now).await?
-            } else {
-                store.purge(&all).await?
-            };
-        } else {
-            for id in targets {
-                let one = Selection::Ids(vec![id]);
-                let k = if replay {
-                    store.replay(&one, now).await?
-                } else {
-                    store.purge(&one).await?
-                };
-                if k == 0 {
-                    // It changed between the check and the change.
-                    let reason = not_dead(&store, id)
-                        .await?
-                        .unwrap_or_else(|| "changed meanwhile".into());
-                    skipped.push(Skipped { id, reason });
-                } else {
-                    n += k;
-                    done.push(id);
-                }
-            }
-        }
-        if s.json {
-            outln!(
-                "{}",
-                json!({ verb: n, "ids": done, "skipped": skipped, "dry_run": s.dry_run })
-            );
-        } else {
-            if s.dry_run {
-                for id in &done {
-                    outln!("{would} job {id}");
-                }
-                outln!(
-                    "{would} {n} dead job{} (dry run: nothing changed)",
-                    plural(n as usize)
-                );
-            } else {
-                outln!("{verb} {n} dead job{}", plural(n as usize));
-            }
-        }
-        Ok(skipped_exit(&skipped))
-    })
-}
-
-/// Exit 1, with one line naming every skipped id, when any was skipped.
-fn skipped_exit(skipped: &[Skipped]) -> ExitCode {
-    if skipped.is_empty() {
-        return ExitCode::SUCCESS;
-    }
-    let list: Vec<String> = skipped
-        .iter()
-        .map(|k| format!("{} ({})", k.id, k.reason))
-        .collect();
-    eprintln!(
-        "redrive: skipped {} job{}: {}",
-        skipped.len(),
-        plural(skipped.len()),
-        list.join(", ")
-    );
-    ExitCode::from(1)
-}
-
-pub(crate) fn cancel(global: &Global, a: CancelArgs) -> anyhow::Result<ExitCode> {
-    block_on(async move {
-        let store = open_existing(global).await?;
-        let mut skipped = Vec::new();
-        for id in a.ids {
-            match store.cancel(id, chrono::Utc::now()).await {
-                Ok(job) => outln!("cancelled job {} on {}", job.id, job.queue),
-                Err(StoreError::NotFound(_)) => skipped.push(Skipped {
-                    id,
-                    reason: "no such job".into(),
-                }),
-                Err(StoreError::WrongState { state, .. }) => skipped.push(Skipped {
-                    id,
-                    reason: format!("already {state}"),
-                }),
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(skipped_exit(&skipped))
     })
 }
 
@@ -829,7 +609,7 @@ pub(crate) fn workers(global: &Global, a: JsonArgs) -> anyhow::Result<ExitCode> 
     })
 }
 
-fn print_breakers(deps: &[redrive_store::Dependency]) -> anyhow::Result<()> {
+pub(crate) fn print_breakers(deps: &[redrive_store::Dependency]) -> anyhow::Result<()> {
     use redrive_policy::{BreakerMode, BreakerState};
     let now = chrono::Utc::now();
     outln!(
@@ -847,6 +627,7 @@ fn print_breakers(deps: &[redrive_store::Dependency]) -> anyhow::Result<()> {
             _ => "-".into(),
         };
         let paused = match f.paused_until {
+            Some(_) if f.paused_until_resumed() => "until resumed (operator)".into(),
             Some(t) if t > now => format!(
                 "{}s ({})",
                 (t - now).num_seconds(),
@@ -873,12 +654,12 @@ fn print_breakers(deps: &[redrive_store::Dependency]) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub(crate) fn breakers(global: &Global, a: JsonArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn breakers(global: &Global, json: bool) -> anyhow::Result<ExitCode> {
     block_on(async move {
         let store = open_existing(global).await?;
         let deps = store.dependencies().await?;
         let events = store.dependency_events(None, 50).await?;
-        if a.json {
+        if json {
             outln!(
                 "{}",
                 serde_json::to_string_pretty(&json!({"breakers": deps, "transitions": events}))?

@@ -8,7 +8,7 @@ use metrics_exporter_prometheus::PrometheusBuilder;
 use redrive_http::HttpJob;
 use redrive_policy::StatusTable;
 use redrive_runtime::Worker;
-use redrive_service::{AppConfig, ConnLimits, ReadyCheck, ServiceConfig, ServiceError};
+use redrive_service::{ApiToken, AppConfig, ConnLimits, ReadyCheck, ServiceConfig, ServiceError};
 use tokio_util::sync::CancellationToken;
 
 use crate::args::{Global, ServeArgs};
@@ -23,11 +23,18 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
             a.addr
         ))
     })?;
-    let token = token(&a)?;
-    redrive_service::check_exposure(&addr, token.as_deref()).map_err(|e| usage(e.to_string()))?;
+    let tokens = tokens(&a)?;
+    if tokens.is_empty() {
+        redrive_service::check_exposure(&addr, None).map_err(|e| usage(e.to_string()))?;
+    }
+    for t in &tokens {
+        redrive_service::check_exposure(&addr, Some(&t.secret))
+            .map_err(|e| usage(format!("token {:?}: {e}", t.label)))?;
+    }
     let kinds = crate::cmd::work::chosen_kinds(&a.kinds)?;
     let (set, egress) = policies::load_for_workers(global, &a.egress)?;
     let http = HttpJob::with_egress(StatusTable::default(), egress)?;
+    let alerts = policies::load_alerts(global)?;
     block_on(async move {
         let store = open(global).await?;
         let prometheus = PrometheusBuilder::new()
@@ -39,6 +46,7 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
         let stop = CancellationToken::new();
         let mut ready_checks = Vec::new();
         let workers = if a.workers > 0 {
+            policies::spawn_alerts(store.clone(), alerts, set.clone(), stop.clone());
             let w = crate::cmd::work::with_builtin_handlers(
                 Worker::builder(store.clone(), a.queues.clone()),
                 &kinds,
@@ -71,7 +79,8 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
             addr,
             store,
             app: AppConfig {
-                token,
+                token: None,
+                tokens,
                 policies: set,
                 prometheus: Some(prometheus),
                 public_hosts: a.public_hosts.clone(),
@@ -122,13 +131,30 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// The token: `--token` / `REDRIVE_API_TOKEN`, or the first line of `--token-file` (trimmed).
-fn token(a: &ServeArgs) -> anyhow::Result<Option<String>> {
-    let given = a.token.clone().filter(|t| !t.is_empty());
+/// Every token: `--token` (repeatable) / `REDRIVE_API_TOKEN`, or the first line of
+/// `--token-file` (trimmed), and the `--read-token`s; each `label:secret` or a plain secret.
+fn tokens(a: &ServeArgs) -> anyhow::Result<Vec<ApiToken>> {
+    let mut out: Vec<ApiToken> = token(a)?
+        .iter()
+        .map(|t| ApiToken::parse(t, false))
+        .collect();
+    out.extend(
+        a.read_tokens
+            .iter()
+            .filter(|t| !t.is_empty())
+            .map(|t| ApiToken::parse(t, true)),
+    );
+    Ok(out)
+}
+
+/// The writing tokens: `--token` / `REDRIVE_API_TOKEN`, or the first line of `--token-file`
+/// (trimmed).
+fn token(a: &ServeArgs) -> anyhow::Result<Vec<String>> {
+    let given: Vec<String> = a.token.iter().filter(|t| !t.is_empty()).cloned().collect();
     let Some(path) = &a.token_file else {
         return Ok(given);
     };
-    if given.is_some() {
+    if !given.is_empty() {
         return Err(usage(
             "--token-file: give the token once, either --token-file, --token or REDRIVE_API_TOKEN",
         ));
@@ -142,7 +168,7 @@ fn token(a: &ServeArgs) -> anyhow::Result<Option<String>> {
             path.display()
         )));
     }
-    Ok(Some(first.to_owned()))
+    Ok(vec![first.to_owned()])
 }
 
 type PoolRun =

@@ -63,6 +63,7 @@ pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
     let kinds = chosen_kinds(&a.kinds)?;
     let (set, egress) = policies::load_for_workers(global, &a.egress)?;
     let http = HttpJob::with_egress(StatusTable::default(), egress)?;
+    let alerts = policies::load_alerts(global)?;
     block_on(async move {
         if let Some(addr) = a.metrics_addr {
             metrics_exporter_prometheus::PrometheusBuilder::new()
@@ -72,6 +73,8 @@ pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
             eprintln!("metrics on http://{addr}/metrics");
         }
         let store = open(global).await?;
+        let alert_store = store.clone();
+        let alert_set = set.clone();
         let worker = with_builtin_handlers(Worker::builder(store, a.queues.clone()), &kinds, http)
             .policies(set)
             .concurrency(a.concurrency as usize)
@@ -80,10 +83,18 @@ pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
             .max_jobs(a.max_jobs)
             .build();
         let total: Summary = if a.until_idle {
-            worker.run_until_idle().await?
+            let total = worker.run_until_idle().await?;
+            // One look for alert events at the end (their jobs run at the next `work`).
+            if !alerts.is_empty() {
+                let mut alerter =
+                    redrive_http::alerts::Alerter::new(alerts, alert_set, chrono::Utc::now());
+                alerter.tick(&alert_store, chrono::Utc::now()).await?;
+            }
+            total
         } else {
             let stop = CancellationToken::new();
             tokio::spawn(signals(stop.clone()));
+            policies::spawn_alerts(alert_store, alerts, alert_set, stop.clone());
             worker.run(stop).await?
         };
         outln!(

@@ -931,3 +931,236 @@ fn a_call_at_a_slot_waited_for_looks_again_at_the_breaker() {
         Some(Next::Blocked { .. })
     ));
 }
+
+// ===== operator overrides =====
+
+#[test]
+fn forced_open_blocks_every_call_and_every_probe() {
+    let c = cfg();
+    // Even a breaker whose cool-down is over (a probe would be due) gives nothing.
+    let open = open_row(&c, t0());
+    let forced = c
+        .apply(
+            &open,
+            FlowEvent::Force(BreakerMode::ForcedOpen),
+            t0(),
+            &mut rng(),
+        )
+        .row;
+    let late = at_ms(10_000_000);
+    assert!(matches!(
+        c.check(&forced, late),
+        Check::Blocked {
+            reason: DeferReason::BreakerOpen,
+            ..
+        }
+    ));
+    let probe = c.apply(&forced, FlowEvent::TakeProbe, late, &mut rng());
+    assert!(matches!(probe.grant, Grant::Blocked { .. }));
+    assert_eq!(probe.row.state, BreakerState::Open);
+    assert_eq!(probe.row.probe_permits, 0);
+    let reserve = c.apply(
+        &forced,
+        FlowEvent::Reserve {
+            max_ahead: Duration::from_secs(1),
+        },
+        late,
+        &mut rng(),
+    );
+    assert!(matches!(reserve.grant, Grant::Blocked { .. }));
+    // And a client asked before each call defers the job.
+    let mut client = FlowClient::new(c.clone(), 1);
+    assert!(matches!(
+        client.before_call(&forced, false, Duration::from_secs(1), late),
+        Next::Blocked {
+            reason: DeferReason::BreakerOpen,
+            ..
+        }
+    ));
+    assert_eq!(forced.effective_state(), BreakerState::Open);
+}
+
+#[test]
+fn forced_closed_lets_calls_through_whatever_the_window_says() {
+    let c = cfg();
+    let open = open_row(&c, t0());
+    let forced = c.apply(
+        &open,
+        FlowEvent::Force(BreakerMode::ForcedClosed),
+        t0(),
+        &mut rng(),
+    );
+    assert_eq!(forced.transition.unwrap().to, BreakerState::Closed);
+    let row = forced.row;
+    assert_eq!(row.effective_state(), BreakerState::Closed);
+    assert_eq!(c.check(&row, at_ms(1)), Check::Go);
+    // A client whose own window sees nothing but failures keeps calling and reports no opening.
+    let mut client = FlowClient::new(c.clone(), 1);
+    for i in 0..200 {
+        let now = at_ms(10 + i);
+        assert_eq!(
+            client.before_call(&row, false, Duration::from_secs(1), now),
+            Next::Call { probe: false }
+        );
+        assert_eq!(
+            client.after_call(
+                &row,
+                false,
+                FailureClass::Infrastructure,
+                Duration::ZERO,
+                None,
+                now
+            ),
+            None
+        );
+    }
+    // An opening reported meanwhile (a process that read the row before) changes nothing.
+    let opened = c.apply(
+        &row,
+        FlowEvent::Opened {
+            reason: TransitionReason::FailureRate {
+                rate: 1.0,
+                calls: 20,
+            },
+        },
+        at_ms(300),
+        &mut rng(),
+    );
+    assert!(!opened.changed);
+}
+
+#[test]
+fn auto_hands_a_forced_breaker_back_to_the_machine() {
+    let c = cfg();
+    let open = open_row(&c, t0());
+    for mode in [BreakerMode::ForcedOpen, BreakerMode::ForcedClosed] {
+        let forced = c.apply(&open, FlowEvent::Force(mode), t0(), &mut rng()).row;
+        let auto = c.apply(
+            &forced,
+            FlowEvent::Force(BreakerMode::Normal),
+            at_ms(5),
+            &mut rng(),
+        );
+        assert_eq!(auto.row.mode, BreakerMode::Normal);
+        assert_eq!(auto.row.state, BreakerState::Closed);
+        assert_eq!(auto.row.openings, 0);
+        assert_eq!(c.check(&auto.row, at_ms(5)), Check::Go);
+        // The machine works again: an opening is taken.
+        let opened = c.apply(
+            &auto.row,
+            FlowEvent::Opened {
+                reason: TransitionReason::FailureRate {
+                    rate: 1.0,
+                    calls: 20,
+                },
+            },
+            at_ms(6),
+            &mut rng(),
+        );
+        assert_eq!(opened.row.state, BreakerState::Open);
+    }
+}
+
+#[test]
+fn a_manual_pause_holds_calls_until_its_end_or_until_resumed() {
+    let c = cfg();
+    let row = c
+        .apply(
+            &FlowRow::default(),
+            FlowEvent::Pause {
+                until: at_ms(60_000),
+            },
+            t0(),
+            &mut rng(),
+        )
+        .row;
+    assert_eq!(row.pause_reason, Some(PauseReason::Operator));
+    assert!(!row.paused_until_resumed());
+    assert_eq!(
+        c.check(&row, at_ms(59_999)),
+        Check::Blocked {
+            until: at_ms(60_000),
+            reason: DeferReason::Paused
+        }
+    );
+    assert_eq!(c.check(&row, at_ms(60_000)), Check::Go);
+    // Even a forced-closed breaker waits for the pause.
+    let closed = c
+        .apply(
+            &row,
+            FlowEvent::Force(BreakerMode::ForcedClosed),
+            t0(),
+            &mut rng(),
+        )
+        .row;
+    assert!(matches!(c.check(&closed, at_ms(1)), Check::Blocked { .. }));
+    // Until resumed: no end in sight, then Resume lifts it at once.
+    let held = c
+        .apply(
+            &row,
+            FlowEvent::Pause {
+                until: until_resumed(),
+            },
+            t0(),
+            &mut rng(),
+        )
+        .row;
+    assert!(held.paused_until_resumed());
+    assert!(matches!(
+        c.check(&held, at_ms(1_000_000_000)),
+        Check::Blocked {
+            reason: DeferReason::Paused,
+            ..
+        }
+    ));
+    let resumed = c.apply(&held, FlowEvent::Resume, at_ms(2), &mut rng()).row;
+    assert_eq!((resumed.paused_until, resumed.pause_reason), (None, None));
+    assert_eq!(c.check(&resumed, at_ms(2)), Check::Go);
+    // An operator's shorter pause never cuts a longer Retry-After short; a longer one wins.
+    let ra = c
+        .apply(
+            &FlowRow::default(),
+            FlowEvent::RateLimited {
+                pause_until: Some(at_ms(30_000)),
+                served_per_s: None,
+                probe: false,
+            },
+            t0(),
+            &mut rng(),
+        )
+        .row;
+    let short = c
+        .apply(
+            &ra,
+            FlowEvent::Pause {
+                until: at_ms(10_000),
+            },
+            t0(),
+            &mut rng(),
+        )
+        .row;
+    assert_eq!(short.paused_until, Some(at_ms(30_000)));
+    let long = c
+        .apply(
+            &ra,
+            FlowEvent::Pause {
+                until: at_ms(90_000),
+            },
+            t0(),
+            &mut rng(),
+        )
+        .row;
+    assert_eq!(long.paused_until, Some(at_ms(90_000)));
+    // An operator may shorten their own pause.
+    let shorter = c
+        .apply(
+            &long,
+            FlowEvent::Pause {
+                until: at_ms(40_000),
+            },
+            t0(),
+            &mut rng(),
+        )
+        .row;
+    assert_eq!(shorter.paused_until, Some(at_ms(40_000)));
+}

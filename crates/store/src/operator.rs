@@ -1,0 +1,771 @@
+//! Operator controls: paused queues, bulk actions by filter (replay, purge, cancel, run now),
+//! operator overrides of a dependency (pause, resume, forced breaker), and the audit trail
+//! every one of them writes in the same transaction as its change.
+
+use std::sync::{Arc, OnceLock};
+
+use redrive_policy::{BreakerMode, Timestamp};
+use serde::{Deserialize, Serialize};
+
+use crate::JobId;
+use crate::rows::DEP_COLS;
+use crate::sql::{Dialect, REPLAY_SET};
+
+/// Who does an operator action, and through what.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Actor {
+    /// The API token's label, or the operating-system user for the CLI.
+    pub name: String,
+    /// Through what: `cli`, `api` or `dashboard`.
+    pub via: String,
+}
+
+impl Actor {
+    /// An actor.
+    pub fn new(name: impl Into<String>, via: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            via: via.into(),
+        }
+    }
+}
+
+/// One row of the audit trail.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AuditEntry {
+    /// Id (grows with time).
+    pub id: i64,
+    /// When.
+    pub at: Timestamp,
+    /// Who: the API token's label, or the operating-system user for the CLI.
+    pub actor: String,
+    /// Through what: `cli`, `api` or `dashboard`.
+    pub via: String,
+    /// What: `replay`, `purge`, `cancel`, `run_now`, `queue_pause`, `queue_resume`,
+    /// `dependency_pause`, `dependency_resume`, `breaker_force`.
+    pub action: String,
+    /// On what: the filter or ids of a bulk action, the queue, or the dependency and the
+    /// override (a JSON object).
+    pub target: serde_json::Value,
+    /// How many rows it changed.
+    pub rows: u64,
+}
+
+/// A paused queue: workers claim nothing from it until it is resumed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PausedQueue {
+    /// The queue.
+    pub queue: String,
+    /// Since when.
+    pub paused_at: Timestamp,
+    /// By whom (the audit's actor).
+    pub paused_by: String,
+}
+
+/// An operator action on many jobs at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BulkAction {
+    /// Dead jobs back to the queue with fresh budgets (history kept).
+    Replay,
+    /// Dead jobs deleted with their attempts.
+    Purge,
+    /// Unfinished jobs cancelled (a running job's lease is revoked).
+    Cancel,
+    /// Scheduled or deferred jobs (any waiting job due later) made due now; attempt counts,
+    /// retry budget and deadline untouched.
+    RunNow,
+}
+
+impl BulkAction {
+    /// Every action.
+    pub const ALL: [BulkAction; 4] = [
+        BulkAction::Replay,
+        BulkAction::Purge,
+        BulkAction::Cancel,
+        BulkAction::RunNow,
+    ];
+
+    /// The name in the audit trail and the API.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            BulkAction::Replay => "replay",
+            BulkAction::Purge => "purge",
+            BulkAction::Cancel => "cancel",
+            BulkAction::RunNow => "run_now",
+        }
+    }
+
+    /// The states a job must be in for this action.
+    pub const fn states(self) -> &'static [crate::JobState] {
+        use crate::JobState::*;
+        match self {
+            BulkAction::Replay | BulkAction::Purge => &[Dead],
+            BulkAction::Cancel => &[Scheduled, Available, Deferred, Running],
+            BulkAction::RunNow => &[Scheduled, Available, Deferred],
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Which jobs a bulk action takes: every condition given must hold (none given: every job
+/// the action applies to).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobFilter {
+    /// Only these jobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ids: Option<Vec<JobId>>,
+    /// Only this queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    /// Only this kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// Only this dependency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dependency: Option<String>,
+    /// Only this dead reason (`permanent`, `attempts_exhausted`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_reason: Option<String>,
+    /// Only jobs whose last error has this signature ([`crate::error_signature`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
+}
+
+impl JobFilter {
+    /// Only these jobs.
+    pub fn ids(ids: Vec<JobId>) -> Self {
+        Self {
+            ids: Some(ids),
+            ..Self::default()
+        }
+    }
+
+    /// Whether no condition is given (the action takes every job it applies to).
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Checks the names and the number of ids.
+    ///
+    /// # Errors
+    /// [`crate::StoreError::Invalid`] naming the field.
+    pub fn validate(&self) -> crate::Result<()> {
+        if let Some(ids) = &self.ids {
+            crate::check_batch("ids", ids.len())?;
+        }
+        for (field, v) in [
+            ("queue", &self.queue),
+            ("kind", &self.kind),
+            ("dependency", &self.dependency),
+            ("dead_reason", &self.dead_reason),
+        ] {
+            if let Some(v) = v {
+                crate::model::name(field, v)?;
+            }
+        }
+        if let Some(s) = &self.signature
+            && s.is_empty()
+        {
+            return Err(crate::StoreError::Invalid {
+                field: "signature",
+                value: String::new(),
+                reason: "must not be empty".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What a bulk action did (or, in a dry run, would do).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BulkOutcome {
+    /// The action.
+    pub action: BulkAction,
+    /// The jobs changed (or that would change), by id.
+    pub ids: Vec<JobId>,
+    /// How many.
+    pub count: u64,
+    /// Nothing was changed (and nothing audited).
+    pub dry_run: bool,
+}
+
+/// An operator's override of a dependency, shared by the fleet through its row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DependencyOp {
+    /// Hold every call until `until` (`None`: until resumed).
+    Pause {
+        /// Until when.
+        until: Option<Timestamp>,
+    },
+    /// Lift a pause.
+    Resume,
+    /// Force the breaker open or closed, or hand it back to the machine (`Normal`).
+    Force(BreakerMode),
+}
+
+impl DependencyOp {
+    fn audit(&self) -> (&'static str, serde_json::Value) {
+        match self {
+            DependencyOp::Pause { until } => (
+                "dependency_pause",
+                serde_json::json!({ "until": until.map(|u| u.to_rfc3339()) }),
+            ),
+            DependencyOp::Resume => ("dependency_resume", serde_json::json!({})),
+            DependencyOp::Force(m) => (
+                "breaker_force",
+                serde_json::json!({ "mode": match m {
+                    BreakerMode::Normal => "auto",
+                    BreakerMode::ForcedOpen => "open",
+                    BreakerMode::ForcedClosed => "closed",
+                } }),
+            ),
+        }
+    }
+
+    pub(crate) fn event(&self) -> redrive_policy::FlowEvent {
+        use redrive_policy::FlowEvent;
+        match *self {
+            DependencyOp::Pause { until } => FlowEvent::Pause {
+                until: until.unwrap_or_else(redrive_policy::until_resumed),
+            },
+            DependencyOp::Resume => FlowEvent::Resume,
+            DependencyOp::Force(m) => FlowEvent::Force(m),
+        }
+    }
+
+    pub(crate) fn audit_parts(&self, dependency: &str) -> (&'static str, serde_json::Value) {
+        let (action, mut target) = self.audit();
+        target["dependency"] = serde_json::Value::String(dependency.to_owned());
+        (action, target)
+    }
+}
+
+/// Most audit rows one call returns.
+pub const MAX_AUDIT_PAGE: u32 = 1000;
+
+/// The operator statements of one dialect.
+#[derive(Debug)]
+pub(crate) struct OpSql {
+    pub(crate) select: Vec<Arc<str>>,
+    pub(crate) apply: Vec<Arc<str>>,
+    pub(crate) get_dep: Arc<str>,
+    pub(crate) pause_queue: Arc<str>,
+    pub(crate) resume_queue: Arc<str>,
+    pub(crate) paused_queues: Arc<str>,
+    pub(crate) insert_audit: Arc<str>,
+    pub(crate) audit: Arc<str>,
+    pub(crate) dead_since: Arc<str>,
+    pub(crate) oldest_due: Arc<str>,
+}
+
+fn fill(dialect: Dialect, s: &str) -> Arc<str> {
+    let mut s = s.to_owned();
+    for n in ["1", "2", "5"] {
+        let ids = match dialect {
+            Dialect::Sqlite => format!("(SELECT value FROM json_each(${n}))"),
+            Dialect::Postgres => {
+                format!("(SELECT CAST(jsonb_array_elements_text(CAST(${n} AS JSONB)) AS BIGINT))")
+            }
+        };
+        s = s.replace(&format!("JSON_IDS_{n}"), &ids);
+    }
+    Arc::from(s)
+}
+
+fn in_states(states: &[crate::JobState]) -> String {
+    let list: Vec<String> = states.iter().map(|s| format!("'{}'", s.as_str())).collect();
+    format!("state IN ({})", list.join(", "))
+}
+
+impl OpSql {
+    fn new(dialect: Dialect) -> Self {
+        let select = BulkAction::ALL
+            .iter()
+            .map(|a| {
+                fill(
+                    dialect,
+                    &format!(
+                        "SELECT id, last_error FROM redrive_jobs WHERE {} \
+                         AND ($1 IS NULL OR queue = $1) AND ($2 IS NULL OR kind = $2) \
+                         AND ($3 IS NULL OR dependency = $3) AND ($4 IS NULL OR dead_reason = $4) \
+                         AND ($5 IS NULL OR id IN JSON_IDS_5) AND ($6 IS NULL OR run_at > $6) \
+                         ORDER BY id",
+                        in_states(a.states())
+                    ),
+                )
+            })
+            .collect();
+        let apply = BulkAction::ALL
+            .iter()
+            .map(|a| {
+                let states = in_states(a.states());
+                let sql = match a {
+                    BulkAction::Replay => format!(
+                        "UPDATE redrive_jobs SET {REPLAY_SET} WHERE {states} AND id IN JSON_IDS_2 \
+                         RETURNING id"
+                    ),
+                    BulkAction::Purge => format!(
+                        "DELETE FROM redrive_jobs WHERE {states} AND id IN JSON_IDS_2 \
+                         AND $1 IS NOT NULL RETURNING id"
+                    ),
+                    BulkAction::Cancel => format!(
+                        "UPDATE redrive_jobs SET state = 'cancelled', \
+                         lease_token = CASE WHEN state = 'running' THEN lease_token + 1 ELSE lease_token END, \
+                         lease_owner = NULL, lease_expires_at = NULL, finished_at = $1, updated_at = $1 \
+                         WHERE {states} AND id IN JSON_IDS_2 RETURNING id"
+                    ),
+                    BulkAction::RunNow => format!(
+                        "UPDATE redrive_jobs SET run_at = $1, updated_at = $1 \
+                         WHERE {states} AND run_at > $1 AND id IN JSON_IDS_2 RETURNING id"
+                    ),
+                };
+                fill(dialect, &sql)
+            })
+            .collect();
+        Self {
+            select,
+            apply,
+            get_dep: fill(
+                dialect,
+                &format!("SELECT {DEP_COLS} FROM redrive_dependencies WHERE name = $1"),
+            ),
+            pause_queue: fill(
+                dialect,
+                "INSERT INTO redrive_paused_queues (queue, paused_at, paused_by) VALUES ($1, $2, $3) \
+                 ON CONFLICT (queue) DO NOTHING",
+            ),
+            resume_queue: fill(
+                dialect,
+                "DELETE FROM redrive_paused_queues WHERE queue = $1",
+            ),
+            paused_queues: fill(
+                dialect,
+                "SELECT queue, paused_at, paused_by FROM redrive_paused_queues ORDER BY queue",
+            ),
+            insert_audit: fill(
+                dialect,
+                "INSERT INTO redrive_audit (at, actor, via, action, target, row_count) \
+                 VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+            ),
+            audit: fill(
+                dialect,
+                "SELECT id, at, actor, via, action, target, row_count FROM redrive_audit \
+                 WHERE ($1 IS NULL OR id < $1) ORDER BY id DESC LIMIT $2",
+            ),
+            dead_since: fill(
+                dialect,
+                &format!(
+                    "SELECT {} FROM redrive_jobs WHERE state = 'dead' AND finished_at >= $1 \
+                     ORDER BY finished_at, id LIMIT $2",
+                    crate::rows::JOB_COLS
+                ),
+            ),
+            oldest_due: fill(
+                dialect,
+                "SELECT j.queue, MIN(j.run_at) FROM redrive_jobs j \
+                 WHERE j.state IN ('scheduled', 'available', 'deferred') AND j.run_at <= $1 \
+                 AND NOT EXISTS (SELECT 1 FROM redrive_paused_queues pq WHERE pq.queue = j.queue) \
+                 GROUP BY j.queue ORDER BY j.queue",
+            ),
+        }
+    }
+
+    /// The statements of `dialect`, built once per process.
+    pub(crate) fn get(dialect: Dialect) -> &'static OpSql {
+        static SQLITE: OnceLock<OpSql> = OnceLock::new();
+        static POSTGRES: OnceLock<OpSql> = OnceLock::new();
+        match dialect {
+            Dialect::Sqlite => SQLITE.get_or_init(|| OpSql::new(dialect)),
+            Dialect::Postgres => POSTGRES.get_or_init(|| OpSql::new(dialect)),
+        }
+    }
+
+    pub(crate) fn select(&self, a: BulkAction) -> Arc<str> {
+        self.select[a.index()].clone()
+    }
+
+    pub(crate) fn apply(&self, a: BulkAction) -> Arc<str> {
+        self.apply[a.index()].clone()
+    }
+}
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct AuditRow {
+    id: i64,
+    at: i64,
+    actor: String,
+    via: String,
+    action: String,
+    target: String,
+    row_count: i64,
+}
+
+impl AuditRow {
+    pub(crate) fn into_entry(self) -> AuditEntry {
+        AuditEntry {
+            id: self.id,
+            at: crate::from_millis(self.at),
+            actor: self.actor,
+            via: self.via,
+            action: self.action,
+            target: serde_json::from_str(&self.target)
+                .unwrap_or(serde_json::Value::String(self.target)),
+            rows: u64::try_from(self.row_count).unwrap_or(0),
+        }
+    }
+}
+
+pub(crate) fn check_actor(a: &Actor) -> crate::Result<()> {
+    crate::model::name("actor", &a.name)?;
+    crate::model::name("via", &a.via)
+}
+
+/// Generates the operator operations for one backend.
+macro_rules! operator_ops {
+    ($store:ident, $dialect:expr) => {
+        impl $store {
+            fn op_sql(&self) -> &'static crate::operator::OpSql {
+                crate::operator::OpSql::get($dialect)
+            }
+
+            async fn audit_in<'c, E>(
+                &self,
+                conn: E,
+                actor: &crate::Actor,
+                action: &str,
+                target: &serde_json::Value,
+                rows: u64,
+                now: redrive_policy::Timestamp,
+            ) -> crate::Result<i64>
+            where
+                E: sqlx::Executor<'c, Database = <$store as crate::operator::HasDb>::Db>,
+            {
+                let id: i64 =
+                    sqlx::query_scalar(sqlx::AssertSqlSafe(self.op_sql().insert_audit.clone()))
+                        .bind(crate::model::millis(now))
+                        .bind(&actor.name)
+                        .bind(&actor.via)
+                        .bind(action)
+                        .bind(target.to_string())
+                        .bind(i64::try_from(rows).unwrap_or(i64::MAX))
+                        .fetch_one(conn)
+                        .await?;
+                Ok(id)
+            }
+
+            pub(crate) async fn record_audit_impl(
+                &self,
+                actor: &crate::Actor,
+                action: &str,
+                target: &serde_json::Value,
+                rows: u64,
+                now: redrive_policy::Timestamp,
+            ) -> crate::Result<i64> {
+                crate::operator::check_actor(actor)?;
+                crate::model::name("action", action)?;
+                self.audit_in(&self.pool, actor, action, target, rows, now)
+                    .await
+            }
+
+            pub(crate) async fn audit_impl(
+                &self,
+                before: Option<i64>,
+                limit: u32,
+            ) -> crate::Result<Vec<crate::AuditEntry>> {
+                let rows: Vec<crate::operator::AuditRow> =
+                    sqlx::query_as(sqlx::AssertSqlSafe(self.op_sql().audit.clone()))
+                        .bind(before)
+                        .bind(i64::from(limit.clamp(1, crate::operator::MAX_AUDIT_PAGE)))
+                        .fetch_all(&self.read)
+                        .await?;
+                Ok(rows.into_iter().map(|r| r.into_entry()).collect())
+            }
+
+            pub(crate) async fn bulk_impl(
+                &self,
+                action: crate::BulkAction,
+                filter: &crate::JobFilter,
+                actor: &crate::Actor,
+                dry_run: bool,
+                now: redrive_policy::Timestamp,
+            ) -> crate::Result<crate::BulkOutcome> {
+                filter.validate()?;
+                crate::operator::check_actor(actor)?;
+                let now_ms = crate::model::millis(now);
+                let mut tx = self.tx().await?;
+                let ids_json = filter
+                    .ids
+                    .as_ref()
+                    .map(|ids| serde_json::to_string(ids).unwrap_or_else(|_| "[]".into()));
+                let candidates: Vec<(i64, Option<String>)> =
+                    sqlx::query_as(sqlx::AssertSqlSafe(self.op_sql().select(action)))
+                        .bind(filter.queue.as_deref())
+                        .bind(filter.kind.as_deref())
+                        .bind(filter.dependency.as_deref())
+                        .bind(filter.dead_reason.as_deref())
+                        .bind(ids_json)
+                        .bind((action == crate::BulkAction::RunNow).then_some(now_ms))
+                        .fetch_all(&mut *tx)
+                        .await?;
+                let ids: Vec<i64> = candidates
+                    .into_iter()
+                    .filter(|(_, err)| match &filter.signature {
+                        None => true,
+                        Some(sig) => err
+                            .as_deref()
+                            .is_some_and(|e| crate::error_signature(e) == *sig),
+                    })
+                    .map(|(id, _)| id)
+                    .collect();
+                if dry_run {
+                    tx.rollback().await?;
+                    return Ok(crate::BulkOutcome {
+                        action,
+                        count: ids.len() as u64,
+                        ids,
+                        dry_run: true,
+                    });
+                }
+                let mut done: Vec<i64> = Vec::with_capacity(ids.len());
+                for chunk in ids.chunks(5_000) {
+                    let changed: Vec<i64> =
+                        sqlx::query_scalar(sqlx::AssertSqlSafe(self.op_sql().apply(action)))
+                            .bind(now_ms)
+                            .bind(serde_json::to_string(chunk).unwrap_or_else(|_| "[]".into()))
+                            .fetch_all(&mut *tx)
+                            .await?;
+                    done.extend(changed);
+                }
+                done.sort_unstable();
+                let target = serde_json::to_value(filter).unwrap_or_default();
+                self.audit_in(
+                    &mut *tx,
+                    actor,
+                    action.as_str(),
+                    &target,
+                    done.len() as u64,
+                    now,
+                )
+                .await?;
+                tx.commit().await?;
+                if matches!(action, crate::BulkAction::Replay | crate::BulkAction::RunNow)
+                    && !done.is_empty()
+                {
+                    self.wake();
+                }
+                Ok(crate::BulkOutcome {
+                    action,
+                    count: done.len() as u64,
+                    ids: done,
+                    dry_run: false,
+                })
+            }
+
+            pub(crate) async fn pause_queue_impl(
+                &self,
+                queue: &str,
+                actor: &crate::Actor,
+                now: redrive_policy::Timestamp,
+            ) -> crate::Result<bool> {
+                crate::model::name("queue", queue)?;
+                crate::operator::check_actor(actor)?;
+                let mut tx = self.tx().await?;
+                let n = sqlx::query(sqlx::AssertSqlSafe(self.op_sql().pause_queue.clone()))
+                    .bind(queue)
+                    .bind(crate::model::millis(now))
+                    .bind(&actor.name)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                let target = serde_json::json!({ "queue": queue });
+                self.audit_in(&mut *tx, actor, "queue_pause", &target, n, now)
+                    .await?;
+                tx.commit().await?;
+                Ok(n > 0)
+            }
+
+            pub(crate) async fn resume_queue_impl(
+                &self,
+                queue: &str,
+                actor: &crate::Actor,
+                now: redrive_policy::Timestamp,
+            ) -> crate::Result<bool> {
+                crate::model::name("queue", queue)?;
+                crate::operator::check_actor(actor)?;
+                let mut tx = self.tx().await?;
+                let n = sqlx::query(sqlx::AssertSqlSafe(self.op_sql().resume_queue.clone()))
+                    .bind(queue)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                let target = serde_json::json!({ "queue": queue });
+                self.audit_in(&mut *tx, actor, "queue_resume", &target, n, now)
+                    .await?;
+                tx.commit().await?;
+                if n > 0 {
+                    self.wake();
+                }
+                Ok(n > 0)
+            }
+
+            pub(crate) async fn dead_since_impl(
+                &self,
+                since: redrive_policy::Timestamp,
+                limit: u32,
+            ) -> crate::Result<Vec<crate::Job>> {
+                let rows: Vec<crate::rows::JobRow> =
+                    sqlx::query_as(sqlx::AssertSqlSafe(self.op_sql().dead_since.clone()))
+                        .bind(crate::model::millis(since))
+                        .bind(i64::from(limit.clamp(1, 10_000)))
+                        .fetch_all(&self.read)
+                        .await?;
+                rows.into_iter().map(|r| r.into_job()).collect()
+            }
+
+            pub(crate) async fn oldest_due_impl(
+                &self,
+                now: redrive_policy::Timestamp,
+            ) -> crate::Result<Vec<(String, redrive_policy::Timestamp)>> {
+                let rows: Vec<(String, i64)> =
+                    sqlx::query_as(sqlx::AssertSqlSafe(self.op_sql().oldest_due.clone()))
+                        .bind(crate::model::millis(now))
+                        .fetch_all(&self.read)
+                        .await?;
+                Ok(rows
+                    .into_iter()
+                    .map(|(q, t)| (q, crate::from_millis(t)))
+                    .collect())
+            }
+
+            pub(crate) async fn paused_queues_impl(
+                &self,
+            ) -> crate::Result<Vec<crate::PausedQueue>> {
+                let rows: Vec<(String, i64, String)> =
+                    sqlx::query_as(sqlx::AssertSqlSafe(self.op_sql().paused_queues.clone()))
+                        .fetch_all(&self.read)
+                        .await?;
+                Ok(rows
+                    .into_iter()
+                    .map(|(queue, at, by)| crate::PausedQueue {
+                        queue,
+                        paused_at: crate::from_millis(at),
+                        paused_by: by,
+                    })
+                    .collect())
+            }
+
+            pub(crate) async fn operate_dependency_impl(
+                &self,
+                dependency: &str,
+                op: crate::DependencyOp,
+                actor: &crate::Actor,
+                now: redrive_policy::Timestamp,
+            ) -> crate::Result<crate::Dependency> {
+                use crate::model::millis;
+                use rand::SeedableRng;
+                crate::model::name("dependency", dependency)?;
+                crate::operator::check_actor(actor)?;
+                if let crate::DependencyOp::Pause { until: Some(u) } = op
+                    && u <= now
+                {
+                    return Err(crate::StoreError::Invalid {
+                        field: "until",
+                        value: u.to_rfc3339(),
+                        reason: "must be in the future".into(),
+                    });
+                }
+                // Operator events use no configuration and no randomness: the defaults do.
+                let cfg = redrive_policy::FlowConfig::default();
+                let mut rng = rand::rngs::SmallRng::seed_from_u64(millis(now) as u64);
+                let (action, target) = op.audit_parts(dependency);
+                for _ in 0..16 {
+                    let mut tx = self.tx().await?;
+                    let row: Option<crate::rows::DepRow> =
+                        sqlx::query_as(sqlx::AssertSqlSafe(self.op_sql().get_dep.clone()))
+                            .bind(dependency)
+                            .fetch_optional(&mut *tx)
+                            .await?;
+                    let current = row.map(|r| r.into_dep()).transpose()?;
+                    let flow = current.as_ref().map(|d| d.flow.clone()).unwrap_or_default();
+                    let step = cfg.apply(&flow, op.event(), now, &mut rng);
+                    let f = &step.row;
+                    let sql = match current {
+                        None => self.sql.insert_dep.clone(),
+                        Some(_) => self.sql.update_dep.clone(),
+                    };
+                    let q = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                        .bind(dependency)
+                        .bind(f.state.as_str())
+                        .bind(f.open_until.map(millis))
+                        .bind(i64::from(f.probe_permits))
+                        .bind(f.paused_until.map(millis))
+                        .bind(crate::model::pause_reason_str(f.pause_reason))
+                        .bind(millis(now))
+                        .bind(f.mode.as_str())
+                        .bind(i64::from(f.openings))
+                        .bind(i64::from(f.probe_successes))
+                        .bind(i64::from(f.probe_failures))
+                        .bind(f.round_started.map(millis))
+                        .bind(f.rate)
+                        .bind(f.tat.map(|t| t.timestamp_micros()))
+                        .bind(f.rate_cut_at.map(millis))
+                        .bind(f.rate_cap)
+                        .bind(f.rate_raised_at.map(millis));
+                    let q = match &current {
+                        Some(d) => q.bind(d.version),
+                        None => q,
+                    };
+                    let version: Option<i64> = q.fetch_optional(&mut *tx).await?;
+                    let Some(version) = version else {
+                        // Another writer came first: read again and reapply.
+                        tx.rollback().await?;
+                        continue;
+                    };
+                    if let Some(t) = &step.transition {
+                        sqlx::query(sqlx::AssertSqlSafe(self.sql.insert_event.clone()))
+                            .bind(dependency)
+                            .bind(millis(now))
+                            .bind(t.from.as_str())
+                            .bind(t.to.as_str())
+                            .bind(format!("{} ({} via {})", t.reason, actor.name, actor.via))
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                    let rows = u64::from(step.changed);
+                    self.audit_in(&mut *tx, actor, action, &target, rows, now)
+                        .await?;
+                    tx.commit().await?;
+                    self.wake();
+                    return Ok(crate::Dependency {
+                        name: dependency.to_owned(),
+                        flow: step.row,
+                        version,
+                        updated_at: now,
+                    });
+                }
+                Err(crate::StoreError::Contended {
+                    what: format!("dependency {dependency:?}"),
+                })
+            }
+        }
+    };
+}
+
+/// The sqlx database of a backend (for the macro's generic executor).
+pub(crate) trait HasDb {
+    type Db: sqlx::Database;
+}
+
+impl HasDb for crate::SqliteStore {
+    type Db = sqlx::Sqlite;
+}
+
+impl HasDb for crate::PgStore {
+    type Db = sqlx::Postgres;
+}
+
+pub(crate) use operator_ops;
