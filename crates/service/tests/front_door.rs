@@ -811,7 +811,7 @@ fn the_openapi_document_lists_the_front_door_answers() {
         }
     }
     assert_eq!(
-        writes, 12,
+        writes, 11,
         "POST /v1/jobs, replay, cancel, idempotency recover, and the operator's: queue pause and \
          resume, dependency pause and resume, breaker force, run-now, bulk"
     );
