@@ -184,8 +184,10 @@ pub(crate) fn run(_global: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
                 "note: a metrics recorder is already installed; breaker transitions are taken at their stored times"
             );
         }
+        // When each call was let through, to the microsecond: the handler's start.
+        let stamps = Arc::new(Stamped::new(HttpJob::default()));
         let worker = Worker::builder(store.clone(), vec![QUEUE.into()])
-            .handler("http", Arc::new(HttpJob::default()))
+            .handler("http", stamps.clone())
             .policies(set)
             .concurrency(a.concurrency)
             .gauge_interval(None)
@@ -270,12 +272,14 @@ pub(crate) fn run(_global: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
             .as_ref()
             .map(published::Log::snapshot)
             .unwrap_or_default();
+        let handler_starts = stamps.snapshot();
         let run = Run {
             t0,
             seconds,
             stats: &stats,
             log: &log,
             published: &published,
+            handler_starts: &handler_starts,
         };
         let report = report(&store, &a, &faults, &run).await?;
         sim.shutdown().await;
@@ -329,6 +333,67 @@ struct Run<'a> {
     log: &'a [redrive_psp_sim::RequestRecord],
     /// The breaker transitions as the workers published them.
     published: &'a [published::Published],
+    /// When each attempt's handler started, per idempotency key (exact).
+    handler_starts: &'a measure::Starts,
+}
+
+/// The demo's `http` handler, stamping when each call starts: right after the breaker let it
+/// through, to the microsecond (the store keeps attempts' starts in whole milliseconds, too
+/// coarse to tell a call from an opening written in the same millisecond).
+#[derive(Debug)]
+struct Stamped {
+    inner: HttpJob,
+    starts: std::sync::Mutex<measure::Starts>,
+}
+
+impl Stamped {
+    fn new(inner: HttpJob) -> Self {
+        Self {
+            inner,
+            starts: Default::default(),
+        }
+    }
+
+    /// The starts so far, each key's in order.
+    fn snapshot(&self) -> measure::Starts {
+        let mut s = self
+            .starts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        for v in s.values_mut() {
+            v.sort();
+        }
+        s
+    }
+}
+
+/// A handler's boxed future.
+type Boxed<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'static>>;
+
+impl redrive_runtime::Handler for Stamped {
+    fn run(&self, ctx: redrive_runtime::JobContext) -> Boxed<redrive_runtime::Attempted> {
+        if let Some(k) = &ctx.key {
+            self.starts
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(k.clone())
+                .or_default()
+                .push(Utc::now());
+        }
+        self.inner.run(ctx)
+    }
+
+    fn refresh_credentials(&self) -> Boxed<Result<(), String>> {
+        self.inner.refresh_credentials()
+    }
+
+    fn query_status(
+        &self,
+        ctx: redrive_runtime::JobContext,
+    ) -> Option<Boxed<redrive_runtime::StatusAnswer>> {
+        self.inner.query_status(ctx)
+    }
 }
 
 async fn report(
@@ -343,6 +408,7 @@ async fn report(
         stats,
         log,
         published,
+        handler_starts,
     } = *run;
     let mut succeeded = 0;
     let mut dead_by_reason = BTreeMap::new();
@@ -437,7 +503,12 @@ async fn report(
     for v in starts.values_mut() {
         v.sort();
     }
-    let breaker = measure::breaker_counts(log, &starts, &in_force);
+    // The handler's exact starts where the demo has them (every run here), else the store's.
+    let breaker = if handler_starts.is_empty() {
+        measure::breaker_counts(log, &starts, measure::STORED_MS, &in_force)
+    } else {
+        measure::breaker_counts(log, handler_starts, chrono::Duration::zero(), &in_force)
+    };
     let psp_load = measure::psp_load(log, faults, seconds);
     let mut chart = LoadChart {
         title: format!(

@@ -109,8 +109,11 @@ pub(crate) fn in_force(
 
 /// The starts of every attempt, per idempotency key, in order. A worker reads the clock
 /// right after the breaker let its call through, so an attempt's start is the call's
-/// admission (stored in whole milliseconds).
+/// admission (stored in whole milliseconds; the demo's handler also stamps it exactly).
 pub(crate) type Starts = HashMap<String, Vec<DateTime<Utc>>>;
+
+/// How late a start stored in whole milliseconds may be: 999 µs.
+pub(crate) const STORED_MS: chrono::Duration = chrono::Duration::microseconds(999);
 
 /// PSP requests counted against the breaker's state when they were let through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
@@ -127,16 +130,19 @@ pub(crate) struct BreakerCounts {
 ///
 /// When a request was let through: the start of the attempt that sent it (the latest start
 /// of its key's attempts at or before its arrival at the PSP), taken at the *end* of its
-/// stored millisecond but never after the arrival: of the instants the call may have been
-/// admitted, the latest, so that the count errs against the breaker. A request without a
-/// matching attempt counts at its arrival. A call admitted before an opening came into force
-/// and arriving after it (it was on its way) belongs before the opening.
+/// `resolution` (a start stored in whole milliseconds may be up to 999 µs late; a start
+/// stamped when the handler began is exact: zero) but never after the arrival: of the
+/// instants the call may have been admitted, the latest, so that the count errs against the
+/// breaker. A request without a matching attempt counts at its arrival. A call admitted
+/// before an opening came into force and arriving after it (it was on its way) belongs
+/// before the opening.
 pub(crate) fn breaker_counts(
     log: &[RequestRecord],
     starts: &Starts,
+    resolution: chrono::Duration,
     transitions: &[Transition],
 ) -> BreakerCounts {
-    let end_of_ms = chrono::Duration::microseconds(999);
+    let end_of_ms = resolution;
     let mut c = BreakerCounts::default();
     for r in log {
         let start = r
@@ -401,13 +407,33 @@ mod tests {
             },
         ];
         assert_eq!(
-            breaker_counts(&log, &s, &transitions),
+            breaker_counts(&log, &s, STORED_MS, &transitions),
             BreakerCounts {
                 requests_while_open: 4, // b, c, g and the one without a key
                 probes_sent: 3,         // d, e, and f's first
             }
         );
-        assert_eq!(breaker_counts(&log, &s, &[]), BreakerCounts::default());
+        assert_eq!(
+            breaker_counts(&log, &s, STORED_MS, &[]),
+            BreakerCounts::default()
+        );
+        // With exact starts (the handler's stamps), b's start at 1,000.2 ms, before the
+        // opening came into force at 1,000.5 ms, is no longer in doubt; one at 1,000.7 ms is.
+        let mut exact = s.clone();
+        exact.insert("b".into(), vec![us(1000, 200)]);
+        assert_eq!(
+            breaker_counts(&log, &exact, chrono::Duration::zero(), &transitions),
+            BreakerCounts {
+                requests_while_open: 3,
+                probes_sent: 3,
+            }
+        );
+        exact.insert("b".into(), vec![us(1000, 700)]);
+        assert_eq!(
+            breaker_counts(&log, &exact, chrono::Duration::zero(), &transitions)
+                .requests_while_open,
+            4
+        );
     }
 
     /// A small run worked out by hand: limit 10/s (1 request per 100 ms), an outage from
