@@ -111,6 +111,9 @@ pub struct WorkerBuilder {
     max_jobs: Option<u64>,
     clock: Arc<dyn Clock>,
     store_runtime: Option<tokio::runtime::Handle>,
+    // Retention and periodic jobs (crate::maintenance).
+    retention: Option<crate::Retention>,
+    scheduler: Option<Duration>,
 }
 
 impl WorkerBuilder {
@@ -216,6 +219,18 @@ impl WorkerBuilder {
     /// ahead while the database answers (connect the store on that runtime too).
     pub fn store_runtime(mut self, h: tokio::runtime::Handle) -> Self {
         self.store_runtime = Some(h);
+        self
+    }
+    /// Prune finished jobs with these ages and pacing, one pruner per fleet (default: off;
+    /// `redrive work` and `serve --workers` turn it on with [`crate::Retention::default`]).
+    pub fn retention(mut self, r: Option<crate::Retention>) -> Self {
+        self.retention = r;
+        self
+    }
+    /// Fire the store's schedules, looking for new ones at least this often (default
+    /// [`crate::SCHEDULER_CHECK`]; `None`: this worker runs no scheduler).
+    pub fn scheduler(mut self, check: Option<Duration>) -> Self {
+        self.scheduler = check;
         self
     }
     /// The worker.
@@ -391,6 +406,8 @@ impl Worker {
             max_jobs: None,
             clock: Arc::new(SystemClock),
             store_runtime: None,
+            retention: None,
+            scheduler: Some(crate::SCHEDULER_CHECK),
         }
     }
 
@@ -446,6 +463,26 @@ impl Worker {
         let batch = b.claim_batch.unwrap_or(200);
         let all_queues = b.queues.is_empty();
         let mut queues = b.queues.clone();
+        // Housekeeping beside the claim loop, ended with the run.
+        let housekeeping = CancellationToken::new();
+        let _end_housekeeping = housekeeping.clone().drop_guard();
+        if let Some(r) = b.retention.clone() {
+            tokio::spawn(crate::maintenance::pruner(
+                w.db.clone(),
+                r,
+                b.name.clone(),
+                b.clock.clone(),
+                housekeeping.clone(),
+            ));
+        }
+        if let Some(check) = b.scheduler {
+            tokio::spawn(crate::maintenance::scheduler(
+                w.db.clone(),
+                check,
+                b.clock.clone(),
+                housekeeping.clone(),
+            ));
+        }
 
         loop {
             while let Some(r) = tasks.try_join_next() {
