@@ -112,5 +112,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Demo(a) => cmd::demo::run(&global, a),
         Command::Serve(a) => cmd::serve::run(&global, a),
         Command::Idempotency(c) => cmd::idempotency::run(&global, c),
+        Command::Prune(a) => cmd::schedule::prune(&global, a),
+        Command::Schedule(c) => cmd::schedule::run(&global, c),
     }
 }

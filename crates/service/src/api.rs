@@ -726,12 +726,15 @@ impl Modify for BearerAuth {
     ),
     paths(
         create_job, list_jobs, get_job, replay_job, cancel_job, stats, breakers, healthz, readyz,
-        crate::idempotency::list_keys, crate::idempotency::recover_key
+        crate::idempotency::list_keys, crate::idempotency::recover_key,
+        crate::schedules::list, crate::schedules::upsert, crate::schedules::remove
     ),
     components(schemas(
         EnqueueRequest, EnqueueResponse, JobView, AttemptView, JobPage, JobDetail, StateName,
         CountView, BreakerView, TransitionView, BreakersResponse, StatsResponse, Health, ProblemBody,
-        crate::idempotency::IdempotencyRecordView, crate::idempotency::IdempotencyPage
+        crate::idempotency::IdempotencyRecordView, crate::idempotency::IdempotencyPage,
+        crate::schedules::ScheduleRequest, crate::schedules::ScheduleView,
+        crate::schedules::ScheduleList, crate::schedules::ScheduleUpsert
     )),
     modifiers(&BearerAuth, &FrontDoorResponses),
     security(("bearer" = [])),
@@ -740,6 +743,7 @@ impl Modify for BearerAuth {
         (name = "fleet", description = "Counts and circuit breakers"),
         (name = "health", description = "Liveness and readiness"),
         (name = "idempotency", description = "The Idempotency-Keys of POST /v1/jobs: list, recover stuck ones"),
+        (name = "schedules", description = "Periodic jobs: one job per cron tick, fleet-wide"),
     )
 )]
 pub struct ApiDoc;

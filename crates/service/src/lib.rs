@@ -31,6 +31,7 @@ mod dashboard;
 mod error;
 pub mod guard;
 mod idempotency;
+mod schedules;
 mod server;
 mod session;
 mod state;
@@ -42,6 +43,7 @@ pub use conn::{ConnLimits, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT
 pub use error::{ApiError, PROBLEM_BASE, PROBLEM_JSON, ProblemBody, ServiceError};
 pub use guard::validate_public_host;
 pub use idempotency::{IdempotencyPage, IdempotencyRecordView};
+pub use schedules::{ScheduleList, ScheduleRequest, ScheduleUpsert, ScheduleView, schedule_spec};
 pub use server::{app, check_exposure, serve, serve_listener};
 pub use session::{DEFAULT_SESSION_TTL, LOGIN_FAILURES_PER_MINUTE};
 pub use state::{

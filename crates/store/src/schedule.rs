@@ -471,7 +471,7 @@ impl Store {
     pub async fn schedules(&self) -> Result<Vec<Schedule>> {
         let sql = format!("SELECT {COLS} FROM redrive_schedules ORDER BY name");
         let rows: Vec<Row> = on_pool!(self, s => {
-            sqlx::query_as(sqlx::AssertSqlSafe(sql)).fetch_all(&s.pool).await?
+            sqlx::query_as(sqlx::AssertSqlSafe(sql)).fetch_all(&s.read).await?
         });
         rows.into_iter().map(Row::into_schedule).collect()
     }
@@ -480,7 +480,7 @@ impl Store {
     pub async fn schedule(&self, name: &str) -> Result<Option<Schedule>> {
         let sql = format!("SELECT {COLS} FROM redrive_schedules WHERE name = $1");
         let row: Option<Row> = on_pool!(self, s => {
-            sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(name).fetch_optional(&s.pool).await?
+            sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(name).fetch_optional(&s.read).await?
         });
         row.map(Row::into_schedule).transpose()
     }
@@ -494,7 +494,7 @@ impl Store {
     /// The earliest `next_tick` of all schedules (`None`: no schedule will tick).
     pub async fn next_schedule_tick(&self) -> Result<Option<Timestamp>> {
         let t: Option<i64> =
-            on_pool!(self, s => sqlx::query_scalar(NEXT).fetch_one(&s.pool).await?);
+            on_pool!(self, s => sqlx::query_scalar(NEXT).fetch_one(&s.read).await?);
         Ok(t.map(from_millis))
     }
 
@@ -512,7 +512,7 @@ impl Store {
              AND next_tick <= $1 ORDER BY name"
         );
         let rows: Vec<Row> = on_pool!(self, s => {
-            sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(millis(now)).fetch_all(&s.pool).await?
+            sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(millis(now)).fetch_all(&s.read).await?
         });
         let mut out = Vec::new();
         for row in rows {

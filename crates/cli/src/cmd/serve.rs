@@ -31,6 +31,7 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
     let http = HttpJob::with_egress(StatusTable::default(), egress)?;
     block_on(async move {
         let store = open(global).await?;
+        crate::cmd::schedule::upsert_file_schedules(global, &store).await?;
         let prometheus = PrometheusBuilder::new()
             .install_recorder()
             .context("installing the Prometheus recorder")?;
@@ -43,8 +44,8 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
                 .handler("noop", Arc::new(Noop))
                 .handler("http", Arc::new(http))
                 .policies(set.clone())
-                .concurrency(a.workers as usize)
-                .build();
+                .concurrency(a.workers as usize);
+            let w = crate::cmd::schedule::housekeeping(w, &a.housekeeping).build();
             let health = w.health();
             let run = {
                 let stop = stop.clone();

@@ -31,6 +31,7 @@ pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
             eprintln!("metrics on http://{addr}/metrics");
         }
         let store = open(global).await?;
+        let store_for_schedules = store.clone();
         let worker = Worker::builder(store, a.queues.clone())
             .handler("noop", Arc::new(Noop))
             .handler("http", Arc::new(http))
@@ -38,8 +39,9 @@ pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
             .concurrency(a.concurrency as usize)
             .shutdown_grace(a.shutdown_grace)
             .lease(a.lease)
-            .max_jobs(a.max_jobs)
-            .build();
+            .max_jobs(a.max_jobs);
+        let worker = crate::cmd::schedule::housekeeping(worker, &a.housekeeping).build();
+        crate::cmd::schedule::upsert_file_schedules(global, &store_for_schedules).await?;
         let total: Summary = if a.until_idle {
             worker.run_until_idle().await?
         } else {
