@@ -230,8 +230,11 @@ pub(crate) async fn scheduler(
             .await
             .ok()
             .flatten();
+        // Sleep until the next tick; a tick still due after firing (a schedule that cannot
+        // fire, a store error) is looked at again after `check`, not in a busy loop.
         let wait = next
-            .map(|t| (t - clock.now()).to_std().unwrap_or(Duration::ZERO))
+            .and_then(|t| (t - clock.now()).to_std().ok())
+            .filter(|d| !d.is_zero())
             .unwrap_or(check)
             .clamp(Duration::from_millis(1), check);
         tokio::select! {

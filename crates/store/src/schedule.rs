@@ -516,7 +516,13 @@ impl Store {
         });
         let mut out = Vec::new();
         for row in rows {
-            let sched = row.into_schedule()?;
+            let sched = match row.into_schedule() {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!("skipping an unreadable schedule: {e}");
+                    continue;
+                }
+            };
             let Some(from) = sched.next_tick else {
                 continue;
             };
@@ -576,10 +582,6 @@ impl Store {
                 }
                 fired
             });
-            let skipped = ticks.is_empty();
-            if skipped {
-                tracing::info!(schedule = %sched.name, "missed ticks skipped (missed = {})", sched.missed);
-            }
             out.extend(fired);
         }
         Ok(out)
