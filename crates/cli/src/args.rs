@@ -681,16 +681,16 @@ fn parse_rfc3339(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
 #[derive(Debug, Clone, Args)]
 pub(crate) struct HousekeepingArgs {
     /// Delete succeeded jobs this long after they finished (`off`: keep them).
-    #[arg(long = "retention-succeeded", default_value = "7d", value_parser = parse_retention)]
+    #[arg(long = "retention-succeeded", value_name = "AGE", default_value = "7d", value_parser = parse_retention)]
     pub(crate) retention_succeeded: Age,
     /// Delete cancelled jobs this long after they were cancelled (`off`: keep them).
-    #[arg(long = "retention-cancelled", default_value = "7d", value_parser = parse_retention)]
+    #[arg(long = "retention-cancelled", value_name = "AGE", default_value = "7d", value_parser = parse_retention)]
     pub(crate) retention_cancelled: Age,
     /// Delete dead jobs this long after they died (`off`: keep them).
-    #[arg(long = "retention-dead", default_value = "30d", value_parser = parse_retention)]
+    #[arg(long = "retention-dead", value_name = "AGE", default_value = "30d", value_parser = parse_retention)]
     pub(crate) retention_dead: Age,
     /// How often the pruner (one per fleet, by a lease in the store) starts a round.
-    #[arg(long = "prune-every", default_value = "1m", value_parser = parse_positive_duration)]
+    #[arg(long = "prune-every", value_name = "INTERVAL", default_value = "1m", value_parser = parse_positive_duration)]
     pub(crate) prune_every: Duration,
     /// Run no pruner in this process (finished jobs are kept unless another process prunes).
     #[arg(long = "no-prune")]
