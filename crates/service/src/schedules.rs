@@ -27,27 +27,49 @@ use crate::state::AppState;
 #[serde(deny_unknown_fields)]
 pub struct ScheduleRequest {
     /// Unique name, at most 200 bytes (its jobs' keys are `schedule:NAME:TICK`).
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F\\u00AD\\u061C\\u115F\\u1160\\u180E\\u200B-\\u200F\\u202A-\\u202E\\u2060-\\u2064\\u2066-\\u206F\\u3164\\uFEFF\\uFFA0\\uFFF9-\\uFFFB]+$"
+    )]
     pub name: String,
     /// Cron expression in UTC with seconds: `SEC MIN HOUR DOM MON DOW [YEAR]` (e.g.
     /// `0 0 2 * * *`); a 5-field crontab line runs at second 0.
-    #[schema(example = "0 */5 * * * *")]
+    #[schema(example = "0 */5 * * * *", min_length = 1)]
     pub cron: String,
     /// Queue of each tick's job.
+    #[schema(
+        min_length = 1,
+        max_length = 255,
+        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F\\u00AD\\u061C\\u115F\\u1160\\u180E\\u200B-\\u200F\\u202A-\\u202E\\u2060-\\u2064\\u2066-\\u206F\\u3164\\uFEFF\\uFFA0\\uFFF9-\\uFFFB]+$"
+    )]
     pub queue: String,
     /// Kind of each tick's job.
+    #[schema(
+        min_length = 1,
+        max_length = 255,
+        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F\\u00AD\\u061C\\u115F\\u1160\\u180E\\u200B-\\u200F\\u202A-\\u202E\\u2060-\\u2064\\u2066-\\u206F\\u3164\\uFEFF\\uFFA0\\uFFF9-\\uFFFB]+$"
+    )]
     pub kind: String,
-    /// Payload of each tick's job (default `{}`).
+    /// Payload of each tick's job (default `{}`); for `http`: `{method, url, headers?,
+    /// body?, timeout_ms?}`.
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
     pub payload: Option<Value>,
     /// Retry policy name (default `payment`).
     #[serde(default)]
+    #[schema(min_length = 1, max_length = 255)]
     pub policy: Option<String>,
     /// Dependency (breaker) name; `http` jobs default to the URL's host.
     #[serde(default)]
+    #[schema(
+        min_length = 1,
+        max_length = 255,
+        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F\\u00AD\\u061C\\u115F\\u1160\\u180E\\u200B-\\u200F\\u202A-\\u202E\\u2060-\\u2064\\u2066-\\u206F\\u3164\\uFEFF\\uFFA0\\uFFF9-\\uFFFB]+$"
+    )]
     pub dependency: Option<String>,
-    /// Priority: lower runs first (default 0).
+    /// Priority: lower runs first (default 0), -1000000..=1000000.
     #[serde(default)]
+    #[schema(minimum = -1_000_000, maximum = 1_000_000)]
     pub priority: Option<i32>,
     /// Ticks missed while no scheduler ran: `skip`, `last` (default: the latest once) or
     /// `all` (at most the latest 100).
@@ -70,7 +92,6 @@ pub struct ScheduleView {
     /// Kind of each tick's job.
     pub kind: String,
     /// Payload of each tick's job (secrets redacted).
-    #[schema(value_type = Object)]
     pub payload: Value,
     /// Dependency of each tick's job.
     pub dependency: Option<String>,
