@@ -110,6 +110,12 @@ pub(crate) enum Command {
     /// The `Idempotency-Key`s of `POST /v1/jobs`: list, recover stuck ones.
     #[command(subcommand)]
     Idempotency(IdempotencyCommand),
+    // ----- retention and periodic jobs (args in the block "Retention and schedules" below)
+    /// Delete finished jobs (and their attempts) older than an age, in small batches.
+    Prune(PruneArgs),
+    /// Periodic jobs: add (or replace), list, remove schedules.
+    #[command(subcommand)]
+    Schedule(ScheduleCommand),
     /// Pause or resume a queue fleet-wide, or list the paused ones.
     #[command(subcommand)]
     Queue(QueueCommand),
@@ -248,6 +254,8 @@ pub(crate) struct WorkArgs {
     pub(crate) lease: std::time::Duration,
     #[command(flatten)]
     pub(crate) egress: EgressArgs,
+    #[command(flatten)]
+    pub(crate) housekeeping: HousekeepingArgs,
 }
 
 /// `redrive jobs`.
@@ -452,6 +460,8 @@ pub(crate) struct ServeArgs {
         value_parser = parse_recovery_window
     )]
     pub(crate) idempotency_recovery_window: Duration,
+    #[command(flatten)]
+    pub(crate) housekeeping: HousekeepingArgs,
 }
 
 fn parse_recovery_window(s: &str) -> Result<Duration, String> {
@@ -871,4 +881,119 @@ pub(crate) struct AuditArgs {
     /// Print one JSON document.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+// ===== Retention and schedules (issue 17, items 4 and 5) =====
+
+/// The workers' housekeeping (`work`, `serve --workers`): retention of finished jobs and the
+/// scheduler of periodic jobs.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct HousekeepingArgs {
+    /// Delete succeeded jobs this long after they finished (`off`: keep them).
+    #[arg(long = "retention-succeeded", value_name = "AGE", default_value = "7d", value_parser = parse_retention)]
+    pub(crate) retention_succeeded: Age,
+    /// Delete cancelled jobs this long after they were cancelled (`off`: keep them).
+    #[arg(long = "retention-cancelled", value_name = "AGE", default_value = "7d", value_parser = parse_retention)]
+    pub(crate) retention_cancelled: Age,
+    /// Delete dead jobs this long after they died (`off`: keep them).
+    #[arg(long = "retention-dead", value_name = "AGE", default_value = "30d", value_parser = parse_retention)]
+    pub(crate) retention_dead: Age,
+    /// How often the pruner (one per fleet, by a lease in the store) starts a round.
+    #[arg(long = "prune-every", value_name = "INTERVAL", default_value = "1m", value_parser = parse_positive_duration)]
+    pub(crate) prune_every: Duration,
+    /// Run no pruner in this process (finished jobs are kept unless another process prunes).
+    #[arg(long = "no-prune")]
+    pub(crate) no_prune: bool,
+    /// Run no scheduler in this process (schedules tick only where another process runs one).
+    #[arg(long = "no-scheduler")]
+    pub(crate) no_scheduler: bool,
+}
+
+/// A retention age (`None`: `off`, kept for ever).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Age(pub(crate) Option<Duration>);
+
+/// An age, or `off` (never).
+fn parse_retention(s: &str) -> Result<Age, String> {
+    if matches!(s, "off" | "never") {
+        return Ok(Age(None));
+    }
+    parse_positive_duration(s).map(|d| Age(Some(d)))
+}
+
+/// `redrive prune`.
+#[derive(Debug, Args)]
+pub(crate) struct PruneArgs {
+    /// Delete jobs finished longer ago than this (default: 7d for succeeded and cancelled,
+    /// 30d for dead).
+    #[arg(long = "older-than", value_parser = parse_duration)]
+    pub(crate) older_than: Option<Duration>,
+    /// Only jobs in this state: succeeded, cancelled or dead (repeatable; default all three).
+    #[arg(long = "state", value_name = "STATE")]
+    pub(crate) states: Vec<String>,
+    /// Print what would be deleted (jobs and attempts per state), change nothing.
+    #[arg(long = "dry-run")]
+    pub(crate) dry_run: bool,
+    /// Jobs per batch (one short transaction each).
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub(crate) batch: u32,
+    /// Print one JSON document.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `redrive schedule ...`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum ScheduleCommand {
+    /// Add a schedule, or replace the one of that name (a replacement with the same cron
+    /// expression keeps its place).
+    Add(ScheduleAddArgs),
+    /// List the schedules with their next and last ticks.
+    List(JsonArgs),
+    /// Remove schedules (their jobs stay). Unknown names are named, exit 1.
+    Remove(ScheduleRemoveArgs),
+}
+
+/// `redrive schedule add`.
+#[derive(Debug, Args)]
+pub(crate) struct ScheduleAddArgs {
+    /// The schedule's name (its jobs' keys are `schedule:NAME:TICK`).
+    pub(crate) name: String,
+    /// Cron expression in UTC with seconds: `SEC MIN HOUR DOM MON DOW [YEAR]` (e.g.
+    /// `0 0 2 * * *` daily at 02:00; a 5-field crontab line runs at second 0).
+    #[arg(long)]
+    pub(crate) cron: String,
+    /// Queue of each tick's job.
+    #[arg(long)]
+    pub(crate) queue: String,
+    /// Kind of each tick's job.
+    #[arg(long)]
+    pub(crate) kind: String,
+    /// JSON payload, or `@FILE` to read it from a file.
+    #[arg(long)]
+    pub(crate) payload: Option<String>,
+    /// Retry policy name.
+    #[arg(long)]
+    pub(crate) policy: Option<String>,
+    /// Dependency (breaker) name; `http` jobs default to the URL's host.
+    #[arg(long)]
+    pub(crate) dependency: Option<String>,
+    /// Priority: lower runs first.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) priority: Option<i32>,
+    /// Ticks missed while no scheduler ran: `skip`, `last` (run the latest once; the
+    /// default) or `all` (at most the latest 100).
+    #[arg(long, default_value = "last")]
+    pub(crate) missed: String,
+    /// Print the schedule as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `redrive schedule remove`.
+#[derive(Debug, Args)]
+pub(crate) struct ScheduleRemoveArgs {
+    /// Schedule names.
+    #[arg(required = true, value_name = "NAME")]
+    pub(crate) names: Vec<String>,
 }

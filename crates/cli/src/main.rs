@@ -113,6 +113,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Demo(a) => cmd::demo::run(&global, a),
         Command::Serve(a) => cmd::serve::run(&global, a),
         Command::Idempotency(c) => cmd::idempotency::run(&global, c),
+        Command::Prune(a) => cmd::schedule::prune(&global, a),
+        Command::Schedule(c) => cmd::schedule::run(&global, c),
         Command::Queue(c) => cmd::operator::queue(&global, c),
         Command::Dependency(c) => cmd::operator::dependency(&global, c),
         Command::RunNow(a) => cmd::operator::run_now(&global, a),

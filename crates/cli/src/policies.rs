@@ -1,6 +1,6 @@
-//! The policies a command works with: the built-in presets plus `--policies FILE`, and the
+//! The policies a command works with: the built-in presets plus `--policies FILE`, the
 //! `http` kind's egress policy (the file's `[egress]` section plus `--allow-host`,
-//! `--deny-host`, `--redirects`).
+//! `--deny-host`, `--redirects`), and the file's periodic jobs (`[[schedules]]`).
 
 use std::path::Path;
 
@@ -38,6 +38,7 @@ fn load_file_with_egress(path: &Path) -> anyhow::Result<(PolicySet, EgressPolicy
         .map_err(|e| usage(format!("{}: {e}", path.display())))?;
     let (alerts, rest) = redrive_http::alerts::split_alerts_toml(&rest)
         .map_err(|e| usage(format!("{}: {e}", path.display())))?;
+    let rest = without_schedules(&rest);
     let set = PolicySet::from_toml(&rest).map_err(|e| usage(format!("{}: {e}", path.display())))?;
     redrive_http::alerts::check_alert_rules(&alerts, &set)
         .map_err(|e| usage(format!("{}: {e}", path.display())))?;
@@ -111,4 +112,114 @@ pub(crate) fn load_for_workers(
         egress = egress.with_redirects(mode);
     }
     Ok((set, egress))
+}
+
+// ===== [[schedules]] (periodic jobs) =====
+
+/// One `[[schedules]]` entry of the policies file.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSchedule {
+    name: String,
+    cron: String,
+    queue: String,
+    kind: String,
+    #[serde(default)]
+    payload: Option<toml::Value>,
+    #[serde(default)]
+    policy: Option<String>,
+    #[serde(default)]
+    dependency: Option<String>,
+    #[serde(default)]
+    priority: Option<i32>,
+    #[serde(default)]
+    missed: Option<String>,
+}
+
+/// Whether a TOML header line opens a section of `[[schedules]]`.
+fn is_schedules_header(line: &str) -> bool {
+    let t = line.trim_start();
+    let name = t.trim_start_matches('[').trim_start();
+    t.starts_with('[')
+        && (name.starts_with("schedules]")
+            || name.starts_with("schedules.")
+            || name.starts_with("schedules "))
+}
+
+/// The file's text with the lines of its `[[schedules]]` sections blanked (line numbers of
+/// the rest kept for error messages), for the policy parser.
+fn without_schedules(text: &str) -> String {
+    let mut inside = false;
+    text.lines()
+        .map(|line| {
+            if line.trim_start().starts_with('[') {
+                inside = is_schedules_header(line);
+            }
+            if inside { "" } else { line }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The `[[schedules]]` of the global `--policies` file (none without one), each checked as a
+/// schedule added with `redrive schedule add` would be; a bad entry is a usage error naming
+/// `schedules[i].FIELD`.
+pub(crate) fn schedules(global: &Global) -> anyhow::Result<Vec<redrive_store::ScheduleSpec>> {
+    let Some(path) = &global.policies else {
+        return Ok(Vec::new());
+    };
+    let set = load(global)?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read policy file {}", path.display()))?;
+    #[derive(serde::Deserialize)]
+    struct File {
+        #[serde(default)]
+        schedules: Vec<RawSchedule>,
+    }
+    let table: toml::Table = toml::from_str(&text)
+        .map_err(|e| usage(format!("{}: {}", path.display(), e.to_string().trim())))?;
+    let Some(raw) = table.get("schedules") else {
+        return Ok(Vec::new());
+    };
+    let file: File = toml::Table::from_iter([("schedules".to_owned(), raw.clone())])
+        .try_into()
+        .map_err(|e: toml::de::Error| {
+            usage(format!(
+                "{}: schedules: {}",
+                path.display(),
+                e.to_string().trim().replace('\n', " ")
+            ))
+        })?;
+    let now = chrono::Utc::now();
+    let mut names = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for (i, r) in file.schedules.into_iter().enumerate() {
+        let at = |field: &str, msg: String| {
+            usage(format!("{}: schedules[{i}].{field}: {msg}", path.display()))
+        };
+        if !names.insert(r.name.clone()) {
+            return Err(at("name", format!("{:?} is given twice", r.name)));
+        }
+        let payload = match r.payload {
+            None => serde_json::json!({}),
+            Some(v) => serde_json::to_value(v).map_err(|e| at("payload", e.to_string()))?,
+        };
+        let req = redrive_service::ScheduleRequest {
+            name: r.name,
+            cron: r.cron,
+            queue: r.queue,
+            kind: r.kind,
+            payload: Some(payload),
+            policy: r.policy,
+            dependency: r.dependency,
+            priority: r.priority,
+            missed: r.missed,
+        };
+        let spec = redrive_service::schedule_spec(&set, &req, now).map_err(|e| match e {
+            redrive_http::EnqueueError::Invalid { field, reason, .. } => at(&field, reason),
+            other => at("job", other.to_string()),
+        })?;
+        out.push(spec);
+    }
+    Ok(out)
 }

@@ -12,6 +12,9 @@
 //!   attempt, and the claim query does not even pick them.
 //! - **Graceful shutdown**: [`Worker::run`] with a cancellation token.
 //! - **Metrics** under stable names ([`metrics`]), a tracing span per attempt.
+//! - **Retention and periodic jobs**: with [`WorkerBuilder::retention`] the worker prunes
+//!   finished jobs (one pruner per fleet, by a lease in the store, in small paced batches);
+//!   it fires the store's schedules at each tick (on by default; [`WorkerBuilder::scheduler`]).
 //!
 //! ```
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -40,9 +43,11 @@ mod completer;
 mod db;
 mod fleet;
 mod handler;
+mod maintenance;
 pub mod metrics;
 mod worker;
 
 pub use clock::TokioClock;
 pub use handler::{Attempted, Handler, JobContext, Noop, StatusAnswer, typed};
+pub use maintenance::{Retention, SCHEDULER_CHECK, prune};
 pub use worker::{PoolHealth, REGISTRY_HEARTBEAT, RuntimeError, Summary, Worker, WorkerBuilder};

@@ -26,6 +26,20 @@ pub const JOB_DURATION_SECONDS: &str = "redrive_job_duration_seconds";
 pub const DEPENDENCY_RATE_LIMIT: &str = "redrive_dependency_rate_limit";
 /// `redrive_lease_lost_total`: claims whose lease was lost (nothing written).
 pub const LEASE_LOST_TOTAL: &str = "redrive_lease_lost_total";
+/// `redrive_pruned_total{state}`: finished jobs deleted by retention (`succeeded`,
+/// `cancelled`, `dead`), their attempts with them.
+pub const PRUNED_TOTAL: &str = "redrive_pruned_total";
+/// `redrive_scheduled_jobs_total{schedule}`: jobs enqueued by a schedule's ticks (one per
+/// tick fleet-wide; counted by the process that made it).
+pub const SCHEDULED_JOBS_TOTAL: &str = "redrive_scheduled_jobs_total";
+
+pub(crate) fn pruned(state: &'static str, jobs: u64) {
+    metrics::counter!(PRUNED_TOTAL, "state" => state).increment(jobs);
+}
+
+pub(crate) fn scheduled(schedule: &str) {
+    metrics::counter!(SCHEDULED_JOBS_TOTAL, "schedule" => schedule.to_owned()).increment(1);
+}
 
 pub(crate) fn attempt(queue: &str, kind: &str, class: &str, took: Duration) {
     metrics::counter!(ATTEMPTS_TOTAL, "queue" => queue.to_owned(), "kind" => kind.to_owned(),

@@ -112,6 +112,9 @@ pub struct WorkerBuilder {
     max_jobs: Option<u64>,
     clock: Arc<dyn Clock>,
     store_runtime: Option<tokio::runtime::Handle>,
+    // Retention and periodic jobs (crate::maintenance).
+    retention: Option<crate::Retention>,
+    scheduler: Option<Duration>,
     registry_heartbeat: Duration,
 }
 
@@ -229,6 +232,18 @@ impl WorkerBuilder {
     /// [`REGISTRY_HEARTBEAT`]; keep it well below [`redrive_store::WORKER_STALE_AFTER`]).
     pub fn registry_heartbeat(mut self, d: Duration) -> Self {
         self.registry_heartbeat = d.max(Duration::from_millis(10));
+        self
+    }
+    /// Prune finished jobs with these ages and pacing, one pruner per fleet (default: off;
+    /// `redrive work` and `serve --workers` turn it on with [`crate::Retention::default`]).
+    pub fn retention(mut self, r: Option<crate::Retention>) -> Self {
+        self.retention = r;
+        self
+    }
+    /// Fire the store's schedules, looking for new ones at least this often (default
+    /// [`crate::SCHEDULER_CHECK`]; `None`: this worker runs no scheduler).
+    pub fn scheduler(mut self, check: Option<Duration>) -> Self {
+        self.scheduler = check;
         self
     }
     /// The worker.
@@ -404,6 +419,8 @@ impl Worker {
             max_jobs: None,
             clock: Arc::new(SystemClock),
             store_runtime: None,
+            retention: None,
+            scheduler: Some(crate::SCHEDULER_CHECK),
             registry_heartbeat: REGISTRY_HEARTBEAT,
         }
     }
@@ -540,6 +557,26 @@ impl Worker {
         let batch = b.claim_batch.unwrap_or(200);
         let all_queues = b.queues.is_empty();
         let mut queues = b.queues.clone();
+        // Housekeeping beside the claim loop, ended with the run.
+        let housekeeping = CancellationToken::new();
+        let _end_housekeeping = housekeeping.clone().drop_guard();
+        if let Some(r) = b.retention.clone() {
+            tokio::spawn(crate::maintenance::pruner(
+                w.db.clone(),
+                r,
+                b.name.clone(),
+                b.clock.clone(),
+                housekeeping.clone(),
+            ));
+        }
+        if let Some(check) = b.scheduler {
+            tokio::spawn(crate::maintenance::scheduler(
+                w.db.clone(),
+                check,
+                b.clock.clone(),
+                housekeeping.clone(),
+            ));
+        }
 
         loop {
             while let Some(r) = tasks.try_join_next() {

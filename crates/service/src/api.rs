@@ -826,6 +826,7 @@ impl Modify for BearerAuth {
         create_job, list_jobs, get_job, replay_job, cancel_job, stats, breakers, workers, healthz,
         readyz,
         crate::idempotency::list_keys, crate::idempotency::recover_key,
+        crate::schedules::list, crate::schedules::upsert, crate::schedules::remove,
         crate::operator::paused_queues, crate::operator::pause_queue,
         crate::operator::resume_queue, crate::operator::pause_dependency,
         crate::operator::resume_dependency, crate::operator::force_breaker,
@@ -836,6 +837,8 @@ impl Modify for BearerAuth {
         CountView, BreakerView, TransitionView, BreakersResponse, StatsResponse, Health, ProblemBody,
         UnhandledView, WorkerView, WorkersResponse,
         crate::idempotency::IdempotencyRecordView, crate::idempotency::IdempotencyPage,
+        crate::schedules::ScheduleRequest, crate::schedules::ScheduleView,
+        crate::schedules::ScheduleList, crate::schedules::ScheduleUpsert,
         crate::operator::QueueStateView, crate::operator::PausedQueueView,
         crate::operator::PausedQueuesResponse, crate::operator::DependencyPauseRequest,
         crate::operator::ForceRequest, crate::operator::BulkRequest,
@@ -848,6 +851,7 @@ impl Modify for BearerAuth {
         (name = "fleet", description = "Counts, circuit breakers and live workers"),
         (name = "health", description = "Liveness and readiness"),
         (name = "idempotency", description = "The Idempotency-Keys of POST /v1/jobs: list, recover stuck ones"),
+        (name = "schedules", description = "Periodic jobs: one job per cron tick, fleet-wide"),
         (name = "operator", description = "Operator controls (pause, resume, force, run now, bulk actions by filter) and their audit trail"),
     )
 )]

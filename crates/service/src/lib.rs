@@ -32,6 +32,7 @@ mod error;
 pub mod guard;
 mod idempotency;
 mod operator;
+mod schedules;
 mod server;
 mod session;
 mod state;
@@ -47,6 +48,7 @@ pub use operator::{
     AuditPage, AuditView, BulkRequest, BulkResponse, DependencyPauseRequest, ForceRequest,
     PausedQueueView, PausedQueuesResponse, QueueStateView,
 };
+pub use schedules::{ScheduleList, ScheduleRequest, ScheduleUpsert, ScheduleView, schedule_spec};
 pub use server::{app, check_exposure, serve, serve_listener};
 pub use session::{DEFAULT_SESSION_TTL, LOGIN_FAILURES_PER_MINUTE};
 pub use state::{

@@ -8,12 +8,12 @@ use axum::handler::Handler;
 use axum::http::{StatusCode, header};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 
 use crate::auth::MIN_PUBLIC_TOKEN_CHARS;
 use crate::error::{ApiError, PROBLEM_JSON, ServiceError};
 use crate::state::{AppState, MAX_BODY_BYTES, ServiceConfig};
-use crate::{api, auth, conn, dashboard, guard, idempotency, operator};
+use crate::{api, auth, conn, dashboard, guard, idempotency, operator, schedules};
 
 /// The whole application: `/v1` (behind the bearer token, if one is configured), `/metrics`,
 /// `/healthz`, `/readyz`, `/openapi.json` and the dashboard, all behind the front door
@@ -49,6 +49,11 @@ pub fn app(state: AppState) -> Router {
             "/v1/idempotency/{key}/recover",
             post(idempotency::recover_key),
         )
+        .route(
+            "/v1/schedules",
+            get(schedules::list).post(schedules::upsert),
+        )
+        .route("/v1/schedules/{name}", delete(schedules::remove))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             guard::json_writes,

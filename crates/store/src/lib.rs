@@ -36,7 +36,9 @@ mod model;
 mod operator;
 mod ops;
 mod postgres;
+mod retention;
 mod rows;
+mod schedule;
 mod sql;
 mod sqlite;
 mod workers;
@@ -58,8 +60,17 @@ pub use operator::{
 };
 pub use postgres::PgStore;
 pub use redrive_policy::Timestamp;
+pub use retention::{FINISHED_STATES, PRUNER_LEASE, Pruned};
+pub use schedule::{
+    Cron, Fired, MAX_CATCH_UP, MAX_SCHEDULE_NAME, MISFIRE_GRACE, Missed, Schedule, ScheduleSpec,
+    due_ticks, tick_key,
+};
 pub use sqlite::SqliteStore;
 pub use workers::{Unhandled, WORKER_STALE_AFTER, WorkerInfo};
+
+/// Jobs per batch of [`Store::prune`] (and the runtime's pruner by default): a few
+/// milliseconds of the writer each.
+pub const PRUNE_BATCH: u32 = 500;
 
 /// The default database: an SQLite file in the working directory.
 pub const DEFAULT_URL: &str = "sqlite:redrive.db";
@@ -273,9 +284,26 @@ impl Store {
         dispatch!(self, s => s.rescue_impl(now, limit).await)
     }
 
-    /// Deletes succeeded and cancelled jobs (and dead ones if asked) finished before a time.
+    /// Deletes succeeded and cancelled jobs (and dead ones if asked) finished before a time,
+    /// with their attempts, in batches of [`PRUNE_BATCH`] ([`Store::prune_batch`]); returns
+    /// the jobs deleted.
     pub async fn prune(&self, finished_before: Timestamp, include_dead: bool) -> Result<u64> {
-        dispatch!(self, s => s.prune_impl(finished_before, include_dead).await)
+        let mut total = 0;
+        for state in FINISHED_STATES {
+            if state == JobState::Dead && !include_dead {
+                continue;
+            }
+            loop {
+                let n = self
+                    .prune_batch(state, finished_before, PRUNE_BATCH)
+                    .await?;
+                total += n.jobs;
+                if n.jobs < u64::from(PRUNE_BATCH) {
+                    break;
+                }
+            }
+        }
+        Ok(total)
     }
 
     /// Lists jobs by id with keyset pagination (`after`).

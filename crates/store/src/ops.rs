@@ -323,19 +323,6 @@ macro_rules! shared_ops {
                 Ok(out)
             }
 
-            pub(crate) async fn prune_impl(
-                &self,
-                finished_before: redrive_policy::Timestamp,
-                include_dead: bool,
-            ) -> crate::Result<u64> {
-                let done = sqlx::query(sqlx::AssertSqlSafe(self.sql.prune.clone()))
-                    .bind(crate::model::millis(finished_before))
-                    .bind(include_dead)
-                    .execute(&self.pool)
-                    .await?;
-                Ok(done.rows_affected())
-            }
-
             pub(crate) async fn list_impl(
                 &self,
                 p: &crate::ListParams,

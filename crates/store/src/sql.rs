@@ -35,7 +35,6 @@ pub(crate) struct Sql {
     pub(crate) purge_all: Arc<str>,
     pub(crate) rescue: Arc<str>,
     pub(crate) rescue_attempt: Arc<str>,
-    pub(crate) prune: Arc<str>,
     pub(crate) list: Arc<str>,
     /// `list` with the state as a literal, one per [`JobState::ALL`] (in that order): an exact
     /// `state = 'dead'` is what lets either planner use the partial by-state indexes.
@@ -181,11 +180,6 @@ impl Sql {
                  VALUES ($1, (SELECT COUNT(*) + 1 FROM redrive_attempts WHERE job_id = $1 AND replay = $2), \
                  $2, $3, NULL, $4, 0, 'timeout', NULL, 'lease expired: the worker stopped heartbeating', \
                  NULL, NULL, TRUE)"
-                    .into(),
-            ),
-            prune: fill(
-                "DELETE FROM redrive_jobs WHERE finished_at < $1 \
-                 AND (state IN ('succeeded', 'cancelled') OR ($2 AND state = 'dead'))"
                     .into(),
             ),
             list: fill(format!(

@@ -2224,3 +2224,455 @@ mod sqlite_file {
         store.check_writable("t", ms(T0)).await.unwrap();
     }
 }
+
+/// Retention and periodic jobs (issue 17, items 4 and 5): the pruner's lease, batch pruning,
+/// and schedules fired by concurrent schedulers. The same harness, as `retention::sqlite::NAME`
+/// and `retention::postgres::NAME`.
+mod retention {
+    use super::*;
+
+    conformance!(
+        pruner_lease_one_contender_wins_and_expiry_lets_the_other,
+        prune_batches_take_only_finished_jobs_older_than_the_age,
+        four_concurrent_schedulers_make_one_job_per_tick,
+        schedules_upsert_keep_their_place_and_missed_ticks_follow_the_rule,
+    );
+
+    mod cases {
+        use super::*;
+
+        async fn count(s: &Store, sql: &str) -> i64 {
+            match s {
+                Store::Sqlite(x) => sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+                    .fetch_one(x.pool())
+                    .await
+                    .unwrap(),
+                Store::Postgres(x) => sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+                    .fetch_one(x.pool())
+                    .await
+                    .unwrap(),
+            }
+        }
+
+        pub(in super::super) async fn pruner_lease_one_contender_wins_and_expiry_lets_the_other(
+            s: &Store,
+        ) {
+            let ttl = Duration::from_secs(30);
+            let now = ms(T0);
+            // Two contenders at the same instant: exactly one wins.
+            let (a, b) = tokio::join!(
+                s.acquire_lease(PRUNER_LEASE, "a", ttl, now),
+                s.acquire_lease(PRUNER_LEASE, "b", ttl, now)
+            );
+            let (a, b) = (a.unwrap(), b.unwrap());
+            assert!(a ^ b, "exactly one holds the lease: a {a}, b {b}");
+            let (winner, loser) = if a { ("a", "b") } else { ("b", "a") };
+            assert_eq!(
+                s.lease_holder(PRUNER_LEASE, now).await.unwrap(),
+                Some((winner.to_owned(), ms(T0 + 30_000)))
+            );
+            // The holder renews; the other keeps failing while the lease runs.
+            assert!(
+                s.acquire_lease(PRUNER_LEASE, winner, ttl, ms(T0 + 20_000))
+                    .await
+                    .unwrap()
+            );
+            assert!(
+                !s.acquire_lease(PRUNER_LEASE, loser, ttl, ms(T0 + 49_999))
+                    .await
+                    .unwrap()
+            );
+            // The holder crashes (no more renewals): once its lease has run out the other
+            // takes it, and the old holder cannot renew any more.
+            assert!(
+                s.acquire_lease(PRUNER_LEASE, loser, ttl, ms(T0 + 50_000))
+                    .await
+                    .unwrap()
+            );
+            assert!(
+                !s.acquire_lease(PRUNER_LEASE, winner, ttl, ms(T0 + 50_001))
+                    .await
+                    .unwrap()
+            );
+            assert_eq!(
+                s.lease_holder(PRUNER_LEASE, ms(T0 + 50_001))
+                    .await
+                    .unwrap()
+                    .map(|h| h.0),
+                Some(loser.to_owned())
+            );
+            // Giving it up lets the other in at once; only the holder can give it up.
+            assert!(!s.release_lease(PRUNER_LEASE, winner).await.unwrap());
+            assert!(s.release_lease(PRUNER_LEASE, loser).await.unwrap());
+            assert!(
+                s.lease_holder(PRUNER_LEASE, ms(T0 + 50_002))
+                    .await
+                    .unwrap()
+                    .is_none()
+            );
+            assert!(
+                s.acquire_lease(PRUNER_LEASE, winner, ttl, ms(T0 + 50_002))
+                    .await
+                    .unwrap()
+            );
+            // Leases of other names are independent.
+            assert!(
+                s.acquire_lease("other", loser, ttl, ms(T0 + 50_002))
+                    .await
+                    .unwrap()
+            );
+            let e = s.acquire_lease("", "a", ttl, now).await.unwrap_err();
+            assert!(
+                matches!(e, StoreError::Invalid { field: "name", .. }),
+                "{e}"
+            );
+            let e = s
+                .acquire_lease("x", "a", Duration::ZERO, now)
+                .await
+                .unwrap_err();
+            assert!(matches!(e, StoreError::Invalid { field: "ttl", .. }), "{e}");
+        }
+
+        pub(in super::super) async fn prune_batches_take_only_finished_jobs_older_than_the_age(
+            s: &Store,
+        ) {
+            const DAY: i64 = 86_400_000;
+            let old = ms(T0);
+            let young = ms(T0 + 10 * DAY);
+            // Finished jobs, each with one attempt: 5 succeeded long ago, 2 recently,
+            // 3 cancelled long ago, 2 dead long ago.
+            let mut finished = std::collections::HashMap::new();
+            for (state, at, n) in [
+                (JobState::Succeeded, old, 5),
+                (JobState::Succeeded, young, 2),
+                (JobState::Dead, old, 2),
+            ] {
+                let q = format!("{}-{}", state.as_str(), n);
+                for _ in 0..n {
+                    s.enqueue(&job(&q), at).await.unwrap();
+                }
+                for j in s.claim(&claim_params(&q, 10, at)).await.unwrap() {
+                    let c = if state == JobState::Dead {
+                        with(
+                            &j,
+                            Transition::Dead {
+                                reason: DeadReason::Permanent,
+                            },
+                            at,
+                        )
+                    } else {
+                        done(&j, at)
+                    };
+                    s.complete(&c).await.unwrap();
+                    finished.insert(j.id, (state, at));
+                }
+            }
+            for _ in 0..3 {
+                let id = s.enqueue(&job("c"), old).await.unwrap().job.id;
+                s.cancel(id, old).await.unwrap();
+                finished.insert(id, (JobState::Cancelled, old));
+            }
+            // Jobs that are not finished, however old: available, scheduled, deferred, running.
+            let available = s.enqueue(&job("live"), old).await.unwrap().job.id;
+            let scheduled = s
+                .enqueue(&job("live").run_at(ms(T0 + 20 * DAY)), old)
+                .await
+                .unwrap()
+                .job
+                .id;
+            let r = s.enqueue(&job("run"), old).await.unwrap().job.id;
+            let running = s.claim(&claim_params("run", 1, old)).await.unwrap();
+            assert_eq!(running[0].id, r);
+            let d = s.enqueue(&job("def"), old).await.unwrap().job.id;
+            let j = s
+                .claim(&claim_params("def", 1, old))
+                .await
+                .unwrap()
+                .remove(0);
+            s.complete(&with(
+                &j,
+                Transition::Deferred {
+                    until: ms(T0 + 1),
+                    reason: DeferReason::Backoff,
+                    delay: Duration::from_millis(1),
+                },
+                old,
+            ))
+            .await
+            .unwrap();
+            assert_eq!(count(s, "SELECT COUNT(*) FROM redrive_attempts").await, 10);
+
+            // Only finished states can be pruned.
+            for st in [
+                JobState::Available,
+                JobState::Running,
+                JobState::Scheduled,
+                JobState::Deferred,
+            ] {
+                let e = s.prune_batch(st, ms(T0 + 100 * DAY), 10).await.unwrap_err();
+                assert!(
+                    matches!(e, StoreError::Invalid { field: "state", .. }),
+                    "{e}"
+                );
+            }
+            let e = s.prune_batch(JobState::Dead, young, 0).await.unwrap_err();
+            assert!(
+                matches!(e, StoreError::Invalid { field: "limit", .. }),
+                "{e}"
+            );
+
+            // What would go: succeeded before a day after the old ones.
+            let cut = ms(T0 + DAY);
+            assert_eq!(
+                s.prune_preview(JobState::Succeeded, cut).await.unwrap(),
+                Pruned {
+                    jobs: 5,
+                    attempts: 5
+                }
+            );
+            assert_eq!(
+                s.prune_preview(JobState::Cancelled, cut).await.unwrap(),
+                Pruned {
+                    jobs: 3,
+                    attempts: 0
+                }
+            );
+            // In batches of 2: 2, 2, 1, then nothing.
+            let mut batches = Vec::new();
+            loop {
+                let p = s.prune_batch(JobState::Succeeded, cut, 2).await.unwrap();
+                batches.push(p.jobs);
+                if p.jobs < 2 {
+                    break;
+                }
+            }
+            assert_eq!(batches, [2, 2, 1]);
+            assert_eq!(
+                s.prune_preview(JobState::Succeeded, cut).await.unwrap(),
+                Pruned::default()
+            );
+            // The finished-before bound is exclusive: a job finished at the cut stays.
+            assert_eq!(
+                s.prune_batch(JobState::Dead, old, 100).await.unwrap(),
+                Pruned::default()
+            );
+            assert_eq!(
+                s.prune_batch(JobState::Dead, cut, 100).await.unwrap(),
+                Pruned {
+                    jobs: 2,
+                    attempts: 2
+                }
+            );
+            assert_eq!(
+                s.prune_batch(JobState::Cancelled, cut, 100).await.unwrap(),
+                Pruned {
+                    jobs: 3,
+                    attempts: 0
+                }
+            );
+            for (id, (state, at)) in &finished {
+                let gone = s.get(*id).await.unwrap().is_none();
+                assert_eq!(gone, *at == old, "job {id} ({state}) finished at {at}");
+                if gone {
+                    assert!(
+                        s.attempts(*id).await.unwrap().is_empty(),
+                        "its attempts went too"
+                    );
+                }
+            }
+            // The two recent successes and their attempts, and every unfinished job, stay.
+            for id in [available, scheduled, r, d] {
+                assert!(
+                    s.get(id).await.unwrap().is_some(),
+                    "job {id} is not finished"
+                );
+            }
+            assert_eq!(
+                count(s, "SELECT COUNT(*) FROM redrive_attempts").await,
+                3,
+                "the 2 recent successes' and the deferred job's attempts"
+            );
+            // Past everything: only the finished ones go, never the others.
+            for st in FINISHED_STATES {
+                s.prune_batch(st, ms(T0 + 1000 * DAY), 1000).await.unwrap();
+            }
+            assert_eq!(count(s, "SELECT COUNT(*) FROM redrive_jobs").await, 4);
+            // The running job's lease still holds: it completes normally.
+            s.complete(&done(&running[0], old)).await.unwrap();
+        }
+
+        fn every_second(name: &str, missed: Missed) -> ScheduleSpec {
+            ScheduleSpec {
+                name: name.into(),
+                cron: "* * * * * *".into(),
+                missed,
+                job: NewJob::new("ticks", "noop", json!({"from": name})),
+            }
+        }
+
+        pub(in super::super) async fn four_concurrent_schedulers_make_one_job_per_tick(s: &Store) {
+            let (sched, created) = s
+                .upsert_schedule(&every_second("every", Missed::All), "api", ms(T0))
+                .await
+                .unwrap();
+            assert!(created);
+            assert_eq!(sched.next_tick, Some(ms(T0 + 1000)));
+            // A simulated clock in steps of 300 ms over 21 s; at each step four schedulers
+            // fire at once, each with its own view of now (0 to 120 ms apart).
+            let mut made = 0;
+            let mut seen = 0;
+            let mut latest = ms(T0);
+            for step in 1..=70 {
+                let base = T0 + step * 300;
+                let runs = (0..4i64).map(|i| {
+                    let s = s.clone();
+                    tokio::spawn(async move { s.fire_schedules(ms(base + i * 40)).await })
+                });
+                for r in futures::future::join_all(runs).await {
+                    let fired = r.unwrap().unwrap();
+                    made += fired.iter().filter(|f| f.created).count();
+                    seen += fired.len();
+                }
+                latest = ms(base + 120);
+            }
+            let page = s
+                .list(&ListParams {
+                    queue: Some("ticks".into()),
+                    limit: Some(1000),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            let ticks = (latest.timestamp_millis() - T0) / 1000;
+            assert_eq!(ticks, 21);
+            let mut keys: Vec<String> = page.jobs.iter().filter_map(|j| j.key.clone()).collect();
+            keys.sort();
+            let want: Vec<String> = (1..=ticks)
+                .map(|k| tick_key("every", ms(T0 + k * 1000)))
+                .collect();
+            assert_eq!(keys, want, "one job per tick, no gap, no duplicate");
+            assert_eq!(page.jobs.len() as i64, ticks);
+            assert_eq!(made as i64, ticks, "each tick's job created once");
+            assert!(seen >= made);
+            for j in &page.jobs {
+                // The job runs at its tick, with the schedule's payload.
+                assert_eq!(j.key.as_deref(), Some(tick_key("every", j.run_at).as_str()));
+                assert_eq!(j.payload, json!({"from": "every"}));
+            }
+            let sched = s.schedule("every").await.unwrap().unwrap();
+            assert_eq!(sched.last_tick, Some(ms(T0 + ticks * 1000)));
+            assert_eq!(sched.next_tick, Some(ms(T0 + (ticks + 1) * 1000)));
+            assert!(page.jobs.iter().any(|j| Some(j.id) == sched.last_job_id));
+        }
+
+        pub(in super::super) async fn schedules_upsert_keep_their_place_and_missed_ticks_follow_the_rule(
+            s: &Store,
+        ) {
+            // Bad input names the field.
+            let mut bad = every_second("x", Missed::Skip);
+            bad.cron = "every second".into();
+            let e = s.upsert_schedule(&bad, "api", ms(T0)).await.unwrap_err();
+            assert!(
+                matches!(e, StoreError::Invalid { field: "cron", .. }),
+                "{e}"
+            );
+            bad = every_second("", Missed::Skip);
+            let e = s.upsert_schedule(&bad, "api", ms(T0)).await.unwrap_err();
+            assert!(
+                matches!(e, StoreError::Invalid { field: "name", .. }),
+                "{e}"
+            );
+            bad = every_second(&"n".repeat(201), Missed::Skip);
+            let e = s.upsert_schedule(&bad, "api", ms(T0)).await.unwrap_err();
+            assert!(
+                matches!(e, StoreError::Invalid { field: "name", .. }),
+                "{e}"
+            );
+            bad = every_second("x", Missed::Skip);
+            bad.job.queue = String::new();
+            let e = s.upsert_schedule(&bad, "api", ms(T0)).await.unwrap_err();
+            assert!(
+                matches!(e, StoreError::Invalid { field: "queue", .. }),
+                "{e}"
+            );
+            bad = every_second("x", Missed::Skip);
+            bad.cron = "0 0 0 1 1 * 2001".into();
+            let e = s.upsert_schedule(&bad, "api", ms(T0)).await.unwrap_err();
+            assert!(e.to_string().contains("no tick after now"), "{e}");
+            assert!(s.schedules().await.unwrap().is_empty());
+
+            // Three minutely schedules, one per rule, created at T0.
+            for (name, missed) in [
+                ("skip", Missed::Skip),
+                ("last", Missed::Last),
+                ("all", Missed::All),
+            ] {
+                let mut spec = every_second(name, missed);
+                spec.cron = "0 * * * * *".into();
+                spec.job.queue = name.into();
+                s.upsert_schedule(&spec, "policies", ms(T0)).await.unwrap();
+            }
+            // A restart upserts them again 30 s later: same expression, same place.
+            let mut spec = every_second("last", Missed::Last);
+            spec.cron = "0 * * * * *".into();
+            spec.job.queue = "last".into();
+            spec.job.priority = 7;
+            let (again, created) = s
+                .upsert_schedule(&spec, "policies", ms(T0 + 30_000))
+                .await
+                .unwrap();
+            assert!(!created);
+            assert_eq!(again.next_tick, Some(ms(T0 + 60_000)));
+            assert_eq!(again.priority, 7, "the other fields are replaced");
+            let names: Vec<String> = s
+                .schedules()
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|x| x.name)
+                .collect();
+            assert_eq!(names, ["all", "last", "skip"]);
+            assert_eq!(s.next_schedule_tick().await.unwrap(), Some(ms(T0 + 60_000)));
+
+            // Nobody fired for ten minutes and a half: ticks 1m..10m were missed.
+            let now = ms(T0 + 630_000);
+            let fired = s.fire_schedules(now).await.unwrap();
+            let per = |q: &str| fired.iter().filter(|f| f.schedule == q).count();
+            assert_eq!((per("skip"), per("last"), per("all")), (0, 1, 10));
+            let last = fired.iter().find(|f| f.schedule == "last").unwrap();
+            assert_eq!(last.tick, ms(T0 + 600_000));
+            let job = s.get(last.job_id).await.unwrap().unwrap();
+            assert_eq!((job.queue.as_str(), job.priority), ("last", 7));
+            assert_eq!(job.state, JobState::Available);
+            // Every schedule moved past now; nothing more until the next tick.
+            for x in s.schedules().await.unwrap() {
+                assert_eq!(x.next_tick, Some(ms(T0 + 660_000)), "{}", x.name);
+            }
+            assert!(s.fire_schedules(ms(T0 + 659_999)).await.unwrap().is_empty());
+            // The next tick, on time, is enqueued whatever the rule.
+            let fired = s.fire_schedules(ms(T0 + 660_500)).await.unwrap();
+            assert_eq!(fired.len(), 3);
+            assert!(
+                fired
+                    .iter()
+                    .all(|f| f.created && f.tick == ms(T0 + 660_000))
+            );
+
+            // A new expression starts from its first tick after the upsert.
+            spec.cron = "30 * * * * *".into();
+            let (moved, _) = s
+                .upsert_schedule(&spec, "api", ms(T0 + 661_000))
+                .await
+                .unwrap();
+            assert_eq!(moved.next_tick, Some(ms(T0 + 690_000)));
+            assert_eq!(moved.origin, "api");
+            // Removed: no more ticks; its jobs stay.
+            assert!(s.remove_schedule("last").await.unwrap());
+            assert!(!s.remove_schedule("last").await.unwrap());
+            assert!(s.schedule("last").await.unwrap().is_none());
+            assert!(s.get(last.job_id).await.unwrap().is_some());
+            let fired = s.fire_schedules(ms(T0 + 720_000)).await.unwrap();
+            assert!(fired.iter().all(|f| f.schedule != "last"));
+        }
+    }
+}

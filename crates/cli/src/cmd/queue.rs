@@ -77,7 +77,7 @@ pub(crate) fn migrate(global: &Global) -> anyhow::Result<ExitCode> {
 }
 
 /// Reads `--payload` (inline JSON or `@FILE`), at most [`MAX_PAYLOAD_BYTES`] of it.
-fn payload(arg: Option<&str>) -> anyhow::Result<serde_json::Value> {
+pub(crate) fn payload(arg: Option<&str>) -> anyhow::Result<serde_json::Value> {
     let Some(raw) = arg else {
         return Ok(json!({}));
     };
@@ -146,7 +146,7 @@ fn new_job(
 }
 
 /// A refusal of the shared enqueue validation, naming the flag: a usage error (exit 2).
-fn flag_error(e: EnqueueError) -> anyhow::Error {
+pub(crate) fn flag_error(e: EnqueueError) -> anyhow::Error {
     let EnqueueError::Invalid {
         field,
         value,

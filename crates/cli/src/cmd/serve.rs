@@ -37,6 +37,7 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
     let alerts = policies::load_alerts(global)?;
     block_on(async move {
         let store = open(global).await?;
+        crate::cmd::schedule::upsert_file_schedules(global, &store).await?;
         let prometheus = PrometheusBuilder::new()
             .install_recorder()
             .context("installing the Prometheus recorder")?;
@@ -53,8 +54,8 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
                 http,
             )
             .policies(set.clone())
-            .concurrency(a.workers as usize)
-            .build();
+            .concurrency(a.workers as usize);
+            let w = crate::cmd::schedule::housekeeping(w, &a.housekeeping).build();
             let health = w.health();
             let run = {
                 let stop = stop.clone();

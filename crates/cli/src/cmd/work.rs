@@ -73,6 +73,7 @@ pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
             eprintln!("metrics on http://{addr}/metrics");
         }
         let store = open(global).await?;
+        let store_for_schedules = store.clone();
         let alert_store = store.clone();
         let alert_set = set.clone();
         let worker = with_builtin_handlers(Worker::builder(store, a.queues.clone()), &kinds, http)
@@ -80,8 +81,9 @@ pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
             .concurrency(a.concurrency as usize)
             .shutdown_grace(a.shutdown_grace)
             .lease(a.lease)
-            .max_jobs(a.max_jobs)
-            .build();
+            .max_jobs(a.max_jobs);
+        let worker = crate::cmd::schedule::housekeeping(worker, &a.housekeeping).build();
+        crate::cmd::schedule::upsert_file_schedules(global, &store_for_schedules).await?;
         let total: Summary = if a.until_idle {
             let total = worker.run_until_idle().await?;
             // One look for alert events at the end (their jobs run at the next `work`).
