@@ -167,7 +167,9 @@ pub struct Verdict {
     pub counters: JobCounters,
     /// Whether this attempt counted against `max_attempts` (a first 401 does not).
     pub counted: bool,
-    /// For a rate limit: pause the dependency fleet-wide until then (R19).
+    /// For a rate limit: pause the dependency fleet-wide until then (R19). In the retry
+    /// phase the job's own wait (the server's `Retry-After`, else the backoff); in the defer
+    /// phase only the server's `Retry-After`, never the job's defer schedule.
     pub pause_until: Option<Timestamp>,
 }
 
@@ -370,7 +372,10 @@ impl RetryPolicy {
                     },
                     counters: c,
                     counted: true,
-                    pause_until: rate_limited.then_some(until),
+                    // The fleet waits what the server asked, not this job's defer schedule
+                    // (minutes to hours): without a Retry-After the learned rate's cut is
+                    // the fleet's answer to the 429.
+                    pause_until: retry_after.filter(|_| rate_limited).map(|ra| add(now, ra)),
                 };
             }
             return dead(DeadReason::DefersExhausted, c);

@@ -397,6 +397,38 @@ fn a_longer_retry_after_wins_in_the_defer_phase() {
 }
 
 #[test]
+fn a_429_in_the_defer_phase_pauses_the_fleet_for_the_retry_after_not_the_defer_schedule() {
+    let p = RetryPolicy::builder("d")
+        .with_max_attempts(1)
+        .with_defer(Backoff::constant(secs(3600)).unwrap(), Jitter::None, 3)
+        .build()
+        .unwrap();
+    // The job waits its hour; the fleet pauses the 5 s the server asked.
+    let v = p.decide(
+        &after(1),
+        &Outcome::RateLimited {
+            retry_after: Some(secs(5)),
+        },
+        t0(),
+        &mut rng(),
+    );
+    assert!(matches!(v.action, Action::Defer { delay, .. } if delay == secs(3600)));
+    assert_eq!(v.pause_until, Some(t0() + TimeDelta::seconds(5)));
+    // Without a Retry-After no fleet-wide pause (the learned rate is cut instead).
+    let v = p.decide(
+        &after(1),
+        &Outcome::RateLimited { retry_after: None },
+        t0(),
+        &mut rng(),
+    );
+    assert!(matches!(v.action, Action::Defer { delay, .. } if delay == secs(3600)));
+    assert_eq!(v.pause_until, None);
+    // Another class never pauses.
+    let v = p.decide(&after(1), &infra(), t0(), &mut rng());
+    assert_eq!(v.pause_until, None);
+}
+
+#[test]
 fn the_deadline_ends_everything() {
     let p = RetryPolicy::payment();
     let c = JobCounters {
