@@ -173,6 +173,16 @@ fn json_body<T: for<'de> Deserialize<'de> + Default>(bytes: &[u8]) -> Result<T, 
 }
 
 fn parse_json<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError> {
+    // A derived struct would also take a JSON array of its fields in order: only an object
+    // is a request body here.
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    if first.is_some_and(|b| *b != b'{') {
+        return Err(ApiError::bad_field(
+            "body",
+            "",
+            "the body must be a JSON object",
+        ));
+    }
     serde_json::from_slice(bytes).map_err(|e| {
         let msg = e.to_string();
         // serde names the field in its message (`unknown field `x``, `missing field `y``).
@@ -337,7 +347,7 @@ pub(crate) async fn operate(
 #[utoipa::path(
     post, path = "/v1/dependencies/{name}/pause", tag = "operator",
     params(("name" = String, Path, description = "Dependency")),
-    request_body(content = DependencyPauseRequest, description = "Optional: no body pauses until resumed"),
+    request_body(content = Option<DependencyPauseRequest>, description = "Optional: no body pauses until resumed"),
     responses(
         (status = 200, description = "Paused; the breaker as it is now", body = BreakerView),
         (status = 400, description = "A bad `until` or `for` (named in `field`)", body = ProblemBody, content_type = "application/problem+json"),
@@ -354,6 +364,17 @@ pub(crate) async fn pause_dependency(
     body: Body,
 ) -> Result<Json<BreakerView>, ApiError> {
     let req: DependencyPauseRequest = json_body(&read_body(body).await?)?;
+    // An empty field is a mistake in the API (leave it out to pause until resumed); the
+    // dashboard's form sends its empty fields, and `pause_end` reads those as absent.
+    for (field, v) in [("until", &req.until), ("for", &req.for_)] {
+        if v.as_deref() == Some("") {
+            return Err(ApiError::bad_field(
+                field,
+                "",
+                "empty: leave the field out to pause until resumed",
+            ));
+        }
+    }
     let until = pause_end(req.until.as_deref(), req.for_.as_deref(), Utc::now())?;
     let who = actor(who.as_ref().map(|e| &e.0), "api");
     Ok(Json(

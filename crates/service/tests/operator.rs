@@ -183,6 +183,26 @@ async fn dependency_pause_force_and_the_breakers_show_the_override() {
     )
     .await
     .assert_problem(400, "for");
+    // Only an object is a body (serde would take an array of the fields).
+    send(
+        &app,
+        post_json("/v1/dependencies/psp/pause", "[null, null]"),
+    )
+    .await
+    .assert_problem(400, "body");
+    // An empty field is refused, not read as "until resumed" (schemathesis found it).
+    send(
+        &app,
+        post_json("/v1/dependencies/psp/pause", r#"{"until":""}"#),
+    )
+    .await
+    .assert_problem(400, "until");
+    send(
+        &app,
+        post_json("/v1/dependencies/psp/pause", r#"{"for":""}"#),
+    )
+    .await
+    .assert_problem(400, "for");
     let audit = send(&app, get("/v1/audit")).await.json();
     let actions: Vec<&str> = audit["audit"]
         .as_array()
