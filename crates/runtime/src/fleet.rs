@@ -181,12 +181,28 @@ impl Fleet {
         })
     }
 
-    /// Just before a call at a send slot that was waited for ([`Gate::At`]): may it still go?
-    /// The breaker may have opened (by this process or, as last read, by another) or the
-    /// dependency been paused during the wait. [`Gate::Go`] or [`Gate::Blocked`].
-    pub(crate) async fn at_slot(&self, dep: &str, now: Timestamp) -> Result<Gate, StoreError> {
+    /// Just before a call let through after a wait (a send slot's, or the store write that
+    /// reserved it or took a probe's permit): may it still go? The breaker may have opened
+    /// (by this process or, as last read, by another) or the dependency been paused in the
+    /// meantime. [`Gate::Go`] or [`Gate::Blocked`].
+    pub(crate) async fn at_slot(
+        &self,
+        dep: &str,
+        probe: bool,
+        now: Timestamp,
+    ) -> Result<Gate, StoreError> {
         let row = self.row(dep, false).await?;
         let flow = row.map(|d| d.flow).unwrap_or_default();
+        if probe {
+            return Ok(if self.with(dep, |e| e.client.at_probe(&flow, now)) {
+                Gate::Go { probe: true }
+            } else {
+                Gate::Blocked {
+                    until: flow.open_until.filter(|u| *u > now).unwrap_or(now),
+                    reason: DeferReason::BreakerOpen,
+                }
+            });
+        }
         Ok(match self.with(dep, |e| e.client.at_slot(&flow, now)) {
             None => Gate::Go { probe: false },
             Some(Next::Blocked { until, reason }) => Gate::Blocked { until, reason },

@@ -200,6 +200,21 @@ impl FlowClient {
         }
     }
 
+    /// Just before a probe whose permit was taken ([`Next::Call`] with `probe`): the round may
+    /// have failed (the breaker reopened), or the dependency been paused, while the permit's
+    /// write went to the store. `true`: send it.
+    pub fn at_probe(&mut self, row: &FlowRow, now: Timestamp) -> bool {
+        self.observe(row, now);
+        if self.opening.is_some_and(|u| u > now) || row.paused_until.is_some_and(|p| p > now) {
+            return false;
+        }
+        match row.mode {
+            BreakerMode::ForcedOpen => false,
+            BreakerMode::ForcedClosed => true,
+            BreakerMode::Normal => row.state != BreakerState::Open,
+        }
+    }
+
     /// The row's verdict, and this process's own opening on its way to the row: `Ok` when a
     /// call may go (now or at a send slot), else what to do instead.
     fn look(&mut self, row: &FlowRow, now: Timestamp) -> Result<Check, Next> {

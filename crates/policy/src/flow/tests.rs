@@ -1164,3 +1164,44 @@ fn a_manual_pause_holds_calls_until_its_end_or_until_resumed() {
         .row;
     assert_eq!(shorter.paused_until, Some(at_ms(40_000)));
 }
+
+#[test]
+fn a_probe_whose_round_failed_meanwhile_is_not_sent() {
+    let c = cfg();
+    let mut client = FlowClient::new(c.clone(), 1);
+    let open = open_row(&c, t0());
+    // The cool-down is over: a probe's permit is taken.
+    let half = c
+        .apply(&open, FlowEvent::TakeProbe, at_ms(1000), &mut rng())
+        .row;
+    assert_eq!(half.state, BreakerState::HalfOpen);
+    assert!(client.at_probe(&half, at_ms(1001)));
+    // The round failed (another probe's answer reopened the breaker) before this one went.
+    let reopened = FlowRow {
+        state: BreakerState::Open,
+        open_until: Some(at_ms(3000)),
+        probe_permits: 0,
+        ..half.clone()
+    };
+    assert!(!client.at_probe(&reopened, at_ms(1003)));
+    // The round closed the breaker meanwhile: the call may go.
+    let closed = FlowRow::default();
+    assert!(client.at_probe(&closed, at_ms(1003)));
+    // Forced open, or paused: not sent.
+    let forced = c
+        .apply(
+            &half,
+            FlowEvent::Force(BreakerMode::ForcedOpen),
+            at_ms(1002),
+            &mut rng(),
+        )
+        .row;
+    assert!(!client.at_probe(&forced, at_ms(1003)));
+    let paused = FlowRow {
+        paused_until: Some(at_ms(5000)),
+        ..half.clone()
+    };
+    assert!(!client.at_probe(&paused, at_ms(1003)));
+    // Plainly open: not sent.
+    assert!(!client.at_probe(&open, at_ms(10)));
+}
