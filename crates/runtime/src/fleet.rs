@@ -156,20 +156,15 @@ impl Fleet {
                 e.client.before_call(&flow, retry, max_wait, now)
             }
         });
-        for _ in 0..2 {
-            match next {
-                Next::Call { probe } => return Ok(Gate::Go { probe }),
-                Next::CallAt { at } => return Ok(Gate::At { at }),
-                Next::Wait { until } => return Ok(Gate::Wait { until }),
-                Next::Blocked { until, reason } => return Ok(Gate::Blocked { until, reason }),
-                Next::Apply(ev) => {
-                    let step = self.apply(dep, ev, now).await?;
-                    next = self.with(dep, |e| e.client.granted(step.grant, max_wait, now));
-                }
-            }
-        }
+        let mut applied = false;
         // The grant of an applied event never asks for another event.
-        Ok(match next {
+        for _ in 0..2 {
+            let Next::Apply(ev) = next else { break };
+            let step = self.apply(dep, ev, now).await?;
+            next = self.with(dep, |e| e.client.granted(step.grant, max_wait, now));
+            applied = true;
+        }
+        let gate = match next {
             Next::Call { probe } => Gate::Go { probe },
             Next::CallAt { at } => Gate::At { at },
             Next::Wait { until } => Gate::Wait { until },
@@ -178,7 +173,16 @@ impl Fleet {
                 until: now,
                 reason: DeferReason::Throttled,
             },
-        })
+        };
+        // The store write (a reservation, a probe's permit) took time: another task may have
+        // opened the breaker meanwhile. A call decided from the cached row alone needs no look.
+        if applied && let Gate::Go { .. } | Gate::At { .. } = gate {
+            let probe = matches!(gate, Gate::Go { probe: true });
+            if let blocked @ Gate::Blocked { .. } = self.at_slot(dep, probe, now).await? {
+                return Ok(blocked);
+            }
+        }
+        Ok(gate)
     }
 
     /// Just before a call let through after a wait (a send slot's, or the store write that

@@ -942,17 +942,12 @@ impl Run {
                 }
                 waited_since = None;
                 // After the wait for a send slot the breaker may have opened, or the
-                // dependency been paused: look again before calling.
-                // The same after the store write of a reservation or a probe's permit: another
-                // task may have opened the breaker meanwhile.
+                // dependency been paused: look again before calling (after a store write,
+                // `admit` has looked already).
                 let (gate, now) = match gate {
-                    Ok(Gate::At { .. }) => {
+                    Ok(Gate::At { at }) if at > now => {
                         let now = clock.now();
                         (self.w.fleet.at_slot(dep, false, now).await, now)
-                    }
-                    Ok(Gate::Go { probe }) => {
-                        let now = clock.now();
-                        (self.w.fleet.at_slot(dep, probe, now).await, now)
                     }
                     gate => (gate, now),
                 };
