@@ -551,6 +551,14 @@ impl BreakerConfigBuilder {
                 "at least one class",
             ));
         }
+        // A decline is the PSP answering: the issuer said no, the dependency is healthy.
+        if c.failure_mask & bit(FailureClass::Declined) != 0 {
+            return Err(PolicyError::invalid(
+                "failure_classes",
+                "\"declined\"",
+                "without declined (a decline is the dependency answering, never a breaker failure)",
+            ));
+        }
         Ok(c)
     }
 }

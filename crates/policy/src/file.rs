@@ -27,6 +27,14 @@
 //! schedule = ["1s", "5s", "30s"]
 //! max_attempts = 4
 //!
+//! [policy.checkout.declines]
+//! retry_later = "6h"       # wait after a Visa category 2/4 or MAC 02 decline
+//!
+//! # Per-card reattempt quotas after a decline, fleet-wide (defaults: the networks' rules).
+//! [quotas]
+//! visa = [{ max = 15, window = "30d" }]
+//! mastercard = [{ max = 10, window = "24h" }, { max = 35, window = "30d" }]
+//!
 //! [breaker.default]
 //! window_calls = 50
 //! failure_rate = 0.5
@@ -67,7 +75,7 @@ use crate::flow::{FlowConfig, RateConfig};
 use crate::jitter::Jitter;
 use crate::outcome::StatusTable;
 use crate::policy::{DeferPhase, RetryPolicy};
-use crate::{FailureClass, parse_duration};
+use crate::{FailureClass, Network, QuotaRules, parse_duration};
 
 /// The policies and breaker settings a deployment knows: the built-in presets plus those of an
 /// optional TOML file (a file's policy of the same name replaces the preset).
@@ -75,6 +83,7 @@ use crate::{FailureClass, parse_duration};
 pub struct PolicySet {
     policies: BTreeMap<String, RetryPolicy>,
     flows: BTreeMap<String, FlowConfig>,
+    quotas: QuotaRules,
 }
 
 impl Default for PolicySet {
@@ -97,6 +106,7 @@ impl PolicySet {
         Self {
             policies,
             flows: BTreeMap::new(),
+            quotas: QuotaRules::default(),
         }
     }
 
@@ -121,7 +131,31 @@ impl PolicySet {
             let c = rb.into_flow().map_err(|e| e.within(&prefix))?;
             set.flows.insert(name, c);
         }
+        for (network, windows) in raw.quotas {
+            let n: Network = network.parse().map_err(|e: crate::ParseNameError| {
+                PolicyError::invalid(
+                    "quotas",
+                    format!("{network:?}"),
+                    format!("a network: {}", e.expected),
+                )
+            })?;
+            let raw: Vec<(i64, String)> = windows.into_iter().map(|w| (w.max, w.window)).collect();
+            let parsed =
+                QuotaRules::parse_windows(n.as_str(), &raw).map_err(|e| e.within("quotas"))?;
+            set.quotas = set.quotas.with(n, parsed).map_err(|e| e.within("quotas"))?;
+        }
         Ok(set)
+    }
+
+    /// The per-card reattempt quotas after a decline (`[quotas]`; defaults in
+    /// [`QuotaRules`]).
+    pub fn quotas(&self) -> &QuotaRules {
+        &self.quotas
+    }
+
+    /// Replaces the reattempt quotas.
+    pub fn set_quotas(&mut self, quotas: QuotaRules) {
+        self.quotas = quotas;
     }
 
     /// Adds or replaces a policy.
@@ -190,6 +224,21 @@ struct RawFile {
     policy: BTreeMap<String, RawPolicy>,
     #[serde(default)]
     breaker: BTreeMap<String, RawBreaker>,
+    #[serde(default)]
+    quotas: BTreeMap<String, Vec<RawQuota>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawQuota {
+    max: i64,
+    window: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDeclines {
+    retry_later: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -201,6 +250,7 @@ struct RawPolicy {
     max_exceptions: Option<i64>,
     deadline: Option<String>,
     blocked_jitter: Option<String>,
+    declines: Option<RawDeclines>,
     status: Option<BTreeMap<String, String>>,
 }
 
@@ -389,6 +439,9 @@ impl RawPolicy {
             } else {
                 Some(dur("deadline", d)?)
             };
+        }
+        if let Some(d) = self.declines.as_ref().and_then(|d| d.retry_later.as_ref()) {
+            p.decline_retry_later = dur("declines.retry_later", d)?;
         }
         if let Some(d) = &self.blocked_jitter {
             p.blocked_jitter = dur("blocked_jitter", d)?;
@@ -664,6 +717,45 @@ impl RawBreaker {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn quotas_default_and_override() {
+        let set = PolicySet::from_toml("").unwrap();
+        assert_eq!(set.quotas(), &QuotaRules::default());
+        let set = PolicySet::from_toml(
+            r#"
+            [quotas]
+            visa = [{ max = 12, window = "30d" }]
+            mc = [{ max = 3, window = "1m" }, { max = 5, window = "1h" }]
+            [policy.subs]
+            extends = "payment"
+            [policy.subs.declines]
+            retry_later = "6h"
+            "#,
+        )
+        .unwrap();
+        let v = set.quotas().windows(Network::Visa);
+        assert_eq!(
+            (v[0].max, v[0].window),
+            (12, Duration::from_secs(30 * 86_400))
+        );
+        let m = set.quotas().windows(Network::Mastercard);
+        assert_eq!(m.len(), 2);
+        assert_eq!((m[0].max, m[0].window), (3, Duration::from_secs(60)));
+        assert_eq!(
+            set.get("subs").unwrap().decline_retry_later,
+            Duration::from_secs(6 * 3600)
+        );
+        let e =
+            PolicySet::from_toml("[quotas]\nvisa = [{ max = 0, window = \"1d\" }]").unwrap_err();
+        assert!(e.to_string().contains("quotas.visa[0].max = 0"), "{e}");
+        let e =
+            PolicySet::from_toml("[quotas]\ndiners = [{ max = 1, window = \"1d\" }]").unwrap_err();
+        assert!(e.to_string().contains("\"diners\""), "{e}");
+        let e =
+            PolicySet::from_toml("[quotas]\nvisa = [{ max = 1, window = \"soon\" }]").unwrap_err();
+        assert!(e.to_string().contains("quotas.visa[0].window"), "{e}");
+    }
+
     use super::*;
 
     const EXAMPLE: &str = r#"

@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::FailureClass;
 use crate::error::PolicyError;
+use crate::{DeclineAdvice, FailureClass};
 
 /// The outcome of one attempt, as the decision function sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +40,9 @@ pub enum Outcome {
     },
     /// An unclassified error or a panic: retried like infrastructure while `max_exceptions` lasts.
     Exception,
+    /// The card was declined; what may follow is the network's advice (see
+    /// [`crate::DeclineRule`]). Never a breaker failure: the PSP answered.
+    Declined(DeclineAdvice),
 }
 
 impl Outcome {
@@ -53,6 +56,15 @@ impl Outcome {
             Outcome::Infrastructure { .. } => FailureClass::Infrastructure,
             Outcome::Timeout { .. } => FailureClass::Timeout,
             Outcome::Exception => FailureClass::Exception,
+            Outcome::Declined(_) => FailureClass::Declined,
+        }
+    }
+
+    /// The decline advice, for a decline.
+    pub const fn decline(&self) -> Option<&DeclineAdvice> {
+        match self {
+            Outcome::Declined(a) => Some(a),
+            _ => None,
         }
     }
 
@@ -150,6 +162,14 @@ impl StatusTable {
             FailureClass::Infrastructure => Outcome::Infrastructure { retry_after },
             FailureClass::Timeout => Outcome::Timeout { idempotent: true },
             FailureClass::Exception => Outcome::Exception,
+            // A status alone carries no network advice: a decline without advice is retried
+            // later, within the card's quota.
+            FailureClass::Declined => Outcome::Declined(DeclineAdvice {
+                network: crate::Network::Other,
+                code: None,
+                category: None,
+                advice_code: None,
+            }),
         }
     }
 }

@@ -25,7 +25,7 @@ use crate::backoff::{Backoff, ExponentialBuilder, MAX_CAP};
 use crate::error::PolicyError;
 use crate::jitter::Jitter;
 use crate::outcome::{Outcome, StatusTable};
-use crate::{DeadReason, DeferReason, Timestamp, format_duration};
+use crate::{DeadReason, DeclineAdvice, DeclineRule, DeferReason, Timestamp, format_duration};
 
 /// Default `in_process_max_wait`: delays up to 10 s are slept by the same worker.
 pub const DEFAULT_IN_PROCESS_MAX_WAIT: Duration = Duration::from_secs(10);
@@ -35,6 +35,9 @@ pub const MAX_IN_PROCESS_MAX_WAIT: Duration = Duration::from_secs(300);
 pub const DEFAULT_RETRY_AFTER_MAX: Duration = Duration::from_secs(3600);
 /// Default spread added to a breaker or pause deferral so a fleet does not wake together: 2 s.
 pub const DEFAULT_BLOCKED_JITTER: Duration = Duration::from_secs(2);
+/// Default wait after a "retry later" decline (Visa category 2/4, Mastercard MAC 02): 1 h.
+/// Fifteen reattempts spread an hour apart stay well inside Visa's 30 days.
+pub const DEFAULT_DECLINE_RETRY_LATER: Duration = Duration::from_secs(3600);
 /// The most attempts a retry phase may allow.
 pub const MAX_ATTEMPTS_LIMIT: u32 = 1000;
 /// The most runs a defer phase may allow.
@@ -91,6 +94,8 @@ pub struct RetryPolicy {
     pub blocked_jitter: Duration,
     /// HTTP status → class.
     pub status: StatusTable,
+    /// The wait after a "retry later" decline (Visa category 2/4, Mastercard MAC 02).
+    pub decline_retry_later: Duration,
 }
 
 /// A job's budget counters, as stored in its row.
@@ -123,6 +128,10 @@ pub enum DelaySource {
     DeferSchedule,
     /// An open breaker's or a pause's end, with spread.
     Blocked,
+    /// A decline's network advice (a MAC 24–30 wait, or `decline_retry_later`), exact.
+    DeclineAdvice,
+    /// The end of a full reattempt-quota window.
+    Quota,
 }
 
 /// What to do after an attempt.
@@ -277,6 +286,7 @@ impl RetryPolicy {
             }
             Outcome::Permanent => return dead(DeadReason::Permanent, c),
             Outcome::Timeout { idempotent: false } => return dead(DeadReason::Ambiguous, c),
+            Outcome::Declined(advice) => return self.decide_declined(advice, c, now),
             Outcome::Exception => {
                 c.exceptions = c.exceptions.saturating_add(1);
                 if self.max_exceptions.is_some_and(|m| c.exceptions >= m) {
@@ -387,6 +397,88 @@ impl RetryPolicy {
         }
     }
 
+    /// The decline rows of the decision table (docs/declines.md). A decline never waits in
+    /// process and is never jittered: the networks' waits are exact minimums.
+    ///
+    /// - [`DeclineRule::NeverRetry`] (Visa category 1, MAC 03) → dead `do_not_retry`;
+    /// - [`DeclineRule::RecurringStopped`] (MAC 21) → dead `recurring_stopped`;
+    /// - [`DeclineRule::UpdatePaymentMethod`] (Visa category 3, MAC 01/04) → dead
+    ///   `update_payment_method`;
+    /// - [`DeclineRule::RetryAfter`] (MAC 24–30) → deferred exactly the wait (reason
+    ///   `decline_advice`);
+    /// - [`DeclineRule::RetryLater`] (Visa category 2/4, MAC 02) → deferred
+    ///   `decline_retry_later` (reason `decline_advice`);
+    ///
+    /// a wait past the deadline is dead `deadline`, and a job out of attempts (both phases'
+    /// budget, [`RetryPolicy::total_max_attempts`]) is dead `attempts_exhausted`.
+    fn decide_declined(&self, advice: &DeclineAdvice, c: JobCounters, now: Timestamp) -> Verdict {
+        let dead = |reason| Verdict {
+            action: Action::Dead { reason },
+            counters: c,
+            counted: true,
+            pause_until: None,
+        };
+        let delay = match advice.rule() {
+            DeclineRule::NeverRetry => return dead(DeadReason::DoNotRetry),
+            DeclineRule::RecurringStopped => return dead(DeadReason::RecurringStopped),
+            DeclineRule::UpdatePaymentMethod => return dead(DeadReason::UpdatePaymentMethod),
+            DeclineRule::RetryAfter(d) => d,
+            DeclineRule::RetryLater => self.decline_retry_later,
+        };
+        if c.attempts >= self.total_max_attempts() {
+            return dead(DeadReason::AttemptsExhausted);
+        }
+        let until = add(now, delay);
+        if c.deadline.is_some_and(|d| d <= now || until > d) {
+            return dead(DeadReason::Deadline);
+        }
+        Verdict {
+            action: Action::Defer {
+                until,
+                delay,
+                reason: DeferReason::DeclineAdvice,
+                source: DelaySource::DeclineAdvice,
+            },
+            counters: c,
+            counted: true,
+            pause_until: None,
+        }
+    }
+
+    /// The decision for a job whose card's reattempt quota is used up *before* its call (the
+    /// store said the next reattempt fits at `fits_at`): deferred until then (reason
+    /// `reattempt_quota`), or dead `reattempt_quota` when that is after the job's deadline.
+    /// Not an attempt: the counters do not change.
+    ///
+    /// ```
+    /// use chrono::{TimeDelta, Utc};
+    /// use redrive_policy::{Action, DeadReason, JobCounters, RetryPolicy};
+    /// let now = Utc::now();
+    /// let fits = now + TimeDelta::hours(3);
+    /// let p = RetryPolicy::payment();
+    /// let c = JobCounters { deadline: Some(now + TimeDelta::hours(2)), ..Default::default() };
+    /// assert_eq!(p.decide_quota(&c, fits, now), Action::Dead { reason: DeadReason::ReattemptQuota });
+    /// ```
+    pub fn decide_quota(
+        &self,
+        counters: &JobCounters,
+        fits_at: Timestamp,
+        now: Timestamp,
+    ) -> Action {
+        let until = fits_at.max(now);
+        if counters.deadline.is_some_and(|d| until > d) {
+            return Action::Dead {
+                reason: DeadReason::ReattemptQuota,
+            };
+        }
+        Action::Defer {
+            until,
+            delay: since(until, now),
+            reason: DeferReason::ReattemptQuota,
+            source: DelaySource::Quota,
+        }
+    }
+
     /// The decision for a job whose dependency is blocked (breaker open, or paused) *before* any
     /// call: defer it to `blocked_until` plus a spread of up to `blocked_jitter`, or, when that
     /// is past its deadline, dead with reason `deadline`. Not an attempt: the counters do not
@@ -489,6 +581,13 @@ impl RetryPolicy {
                 "above 0s and at most 365 days",
             ));
         }
+        if self.decline_retry_later.is_zero() || self.decline_retry_later > MAX_DEADLINE {
+            return Err(PolicyError::invalid(
+                "declines.retry_later",
+                format_duration(self.decline_retry_later),
+                "above 0s and at most 365 days",
+            ));
+        }
         if self.blocked_jitter > Duration::from_secs(3600) {
             return Err(PolicyError::invalid(
                 "blocked_jitter",
@@ -549,6 +648,7 @@ impl RetryPolicy {
             deadline: Some(Duration::from_secs(24 * 3600)),
             blocked_jitter: DEFAULT_BLOCKED_JITTER,
             status: StatusTable::new(),
+            decline_retry_later: DEFAULT_DECLINE_RETRY_LATER,
         }
     }
 
@@ -577,6 +677,7 @@ impl RetryPolicy {
             deadline: None,
             blocked_jitter: DEFAULT_BLOCKED_JITTER,
             status: StatusTable::new(),
+            decline_retry_later: DEFAULT_DECLINE_RETRY_LATER,
         }
     }
 
@@ -600,6 +701,7 @@ impl RetryPolicy {
             deadline: None,
             blocked_jitter: DEFAULT_BLOCKED_JITTER,
             status: StatusTable::new(),
+            decline_retry_later: DEFAULT_DECLINE_RETRY_LATER,
         }
     }
 
@@ -708,6 +810,12 @@ impl RetryPolicyBuilder {
     /// Spread added to breaker and pause deferrals.
     pub fn with_blocked_jitter(mut self, d: Duration) -> Self {
         self.policy.blocked_jitter = d;
+        self
+    }
+
+    /// The wait after a "retry later" decline.
+    pub fn with_decline_retry_later(mut self, d: Duration) -> Self {
+        self.policy.decline_retry_later = d;
         self
     }
 

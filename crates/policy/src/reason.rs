@@ -83,6 +83,8 @@ named_enum! {
         Timeout => "timeout",
         /// Unclassified error or panic: retried, but counted against `max_exceptions`.
         Exception => "exception",
+        /// The card was declined; the network's advice decides (never a breaker failure).
+        Declined => "declined",
     }
 }
 
@@ -107,6 +109,14 @@ named_enum! {
         Deadline => "deadline",
         /// The job's lease expired while it ran, and it had no attempts left.
         LeaseExpired => "lease_expired",
+        /// A decline that must never be reattempted (Visa category 1, Mastercard MAC 03).
+        DoNotRetry => "do_not_retry",
+        /// A decline that needs corrected payment data (Visa category 3, MAC 01, MAC 04).
+        UpdatePaymentMethod => "update_payment_method",
+        /// The cardholder stopped the recurring payment (Mastercard MAC 21).
+        RecurringStopped => "recurring_stopped",
+        /// The card's reattempt quota is used up until after the job's deadline.
+        ReattemptQuota => "reattempt_quota",
     }
 }
 
@@ -131,6 +141,11 @@ named_enum! {
         /// Retries to the dependency exceed the retry budget's share of first attempts
         /// (not an attempt).
         RetryBudget => "retry_budget",
+        /// A decline's network advice: a Mastercard MAC 24–30 wait, or "retry later".
+        DeclineAdvice => "decline_advice",
+        /// The card's reattempt quota is used up until the oldest reattempt leaves its window
+        /// (not an attempt).
+        ReattemptQuota => "reattempt_quota",
     }
 }
 

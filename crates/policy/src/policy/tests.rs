@@ -609,6 +609,10 @@ proptest! {
                             DeadReason::Ambiguous => prop_assert_eq!(o, Outcome::Timeout { idempotent: false }),
                             DeadReason::Deadline => prop_assert!(c.deadline.is_some()),
                             DeadReason::LeaseExpired => prop_assert!(false, "decide never says lease_expired"),
+                            DeadReason::DoNotRetry
+                            | DeadReason::UpdatePaymentMethod
+                            | DeadReason::RecurringStopped => prop_assert!(o.decline().is_some()),
+                            DeadReason::ReattemptQuota => prop_assert!(false, "decide never says reattempt_quota"),
                         }
                     }
                     break;
@@ -636,6 +640,232 @@ proptest! {
         let v = p.decide(&after(attempts), &infra(), t0(), &mut r);
         if let Action::RetryInProcess { delay, .. } | Action::Defer { delay, .. } = v.action {
             prop_assert!(delay <= p.retry.backoff.cap());
+        }
+    }
+}
+
+// ===== the decline rows =====
+
+fn visa(cat: u8) -> Outcome {
+    Outcome::Declined(
+        crate::DeclineAdvice::new(crate::Network::Visa, Some("05"), Some(cat), None).unwrap(),
+    )
+}
+
+fn mac(m: u8) -> Outcome {
+    Outcome::Declined(crate::DeclineAdvice::mastercard("05", Some(m)).unwrap())
+}
+
+fn first(deadline: Option<Duration>) -> JobCounters {
+    JobCounters {
+        deadline: deadline.map(|d| add(t0(), d)),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn visa_category_1_is_dead_after_one_attempt() {
+    let v = exact().decide(&first(None), &visa(1), t0(), &mut rng());
+    assert_eq!(
+        v.action,
+        Action::Dead {
+            reason: DeadReason::DoNotRetry
+        }
+    );
+    assert_eq!(v.counters.attempts, 1);
+    assert_eq!(v.pause_until, None);
+}
+
+#[test]
+fn mac_03_is_dead_do_not_retry() {
+    let v = exact().decide(&first(None), &mac(3), t0(), &mut rng());
+    assert_eq!(
+        v.action,
+        Action::Dead {
+            reason: DeadReason::DoNotRetry
+        }
+    );
+}
+
+#[test]
+fn mac_25_defers_exactly_24_hours() {
+    let v = exact().decide(&first(None), &mac(25), t0(), &mut rng());
+    assert_eq!(
+        v.action,
+        Action::Defer {
+            until: add(t0(), secs(24 * 3600)),
+            delay: secs(24 * 3600),
+            reason: DeferReason::DeclineAdvice,
+            source: DelaySource::DeclineAdvice,
+        }
+    );
+    assert_eq!(v.counters.attempts, 1);
+    // Then one attempt: an approval after the wait is done.
+    let later = add(t0(), secs(24 * 3600));
+    let v2 = exact().decide(&v.counters, &Outcome::Success, later, &mut rng());
+    assert_eq!(v2.action, Action::Done);
+    assert_eq!(v2.counters.attempts, 2);
+}
+
+#[test]
+fn every_mac_wait_is_exact() {
+    let hours = [1u64, 24, 48, 96, 144, 192, 240];
+    for (m, h) in (24u8..=30).zip(hours) {
+        let v = exact().decide(&first(None), &mac(m), t0(), &mut rng());
+        assert!(
+            matches!(v.action, Action::Defer { delay, reason: DeferReason::DeclineAdvice, .. } if delay == secs(h * 3600)),
+            "MAC {m}: {:?}",
+            v.action
+        );
+    }
+}
+
+#[test]
+fn mac_21_is_dead_recurring_stopped() {
+    let v = exact().decide(&first(None), &mac(21), t0(), &mut rng());
+    assert_eq!(
+        v.action,
+        Action::Dead {
+            reason: DeadReason::RecurringStopped
+        }
+    );
+}
+
+#[test]
+fn visa_category_3_and_mac_01_are_dead_update_payment_method() {
+    for o in [visa(3), mac(1), mac(4)] {
+        let v = exact().decide(&first(None), &o, t0(), &mut rng());
+        assert_eq!(
+            v.action,
+            Action::Dead {
+                reason: DeadReason::UpdatePaymentMethod
+            },
+            "{o:?}"
+        );
+    }
+}
+
+#[test]
+fn retry_later_declines_defer_by_the_policy_wait() {
+    let p = RetryPolicy::builder("later")
+        .with_decline_retry_later(secs(90))
+        .build()
+        .unwrap();
+    for o in [visa(2), visa(4), mac(2)] {
+        let v = p.decide(&first(None), &o, t0(), &mut rng());
+        assert_eq!(
+            v.action,
+            Action::Defer {
+                until: add(t0(), secs(90)),
+                delay: secs(90),
+                reason: DeferReason::DeclineAdvice,
+                source: DelaySource::DeclineAdvice,
+            },
+            "{o:?}"
+        );
+    }
+}
+
+#[test]
+fn a_decline_wait_past_the_deadline_is_dead_deadline() {
+    let v = exact().decide(&first(Some(secs(3600))), &mac(25), t0(), &mut rng());
+    assert_eq!(
+        v.action,
+        Action::Dead {
+            reason: DeadReason::Deadline
+        }
+    );
+    // MAC 24 (1 h) ends exactly at the deadline: still allowed.
+    let v = exact().decide(&first(Some(secs(3600))), &mac(24), t0(), &mut rng());
+    assert!(matches!(v.action, Action::Defer { .. }), "{:?}", v.action);
+}
+
+#[test]
+fn declines_use_up_the_attempt_budget() {
+    let p = exact();
+    let c = JobCounters {
+        attempts: p.total_max_attempts() - 1,
+        first_attempt_at: Some(t0()),
+        ..Default::default()
+    };
+    let v = p.decide(&c, &visa(2), t0(), &mut rng());
+    assert_eq!(
+        v.action,
+        Action::Dead {
+            reason: DeadReason::AttemptsExhausted
+        }
+    );
+}
+
+#[test]
+fn quota_exhausted_defers_to_the_window_edge_or_dies() {
+    let p = RetryPolicy::payment();
+    let edge = add(t0(), secs(7200));
+    let c = first(Some(secs(3 * 3600)));
+    assert_eq!(
+        p.decide_quota(&c, edge, t0()),
+        Action::Defer {
+            until: edge,
+            delay: secs(7200),
+            reason: DeferReason::ReattemptQuota,
+            source: DelaySource::Quota,
+        }
+    );
+    let c = first(Some(secs(3600)));
+    assert_eq!(
+        p.decide_quota(&c, edge, t0()),
+        Action::Dead {
+            reason: DeadReason::ReattemptQuota
+        }
+    );
+}
+
+#[test]
+fn a_decline_is_never_a_breaker_failure() {
+    let b = crate::BreakerConfig::default();
+    assert_eq!(
+        b.result_of(crate::FailureClass::Declined),
+        crate::CallResult::Success
+    );
+    let e = crate::BreakerConfig::builder()
+        .with_failure_classes(&[
+            crate::FailureClass::Infrastructure,
+            crate::FailureClass::Declined,
+        ])
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("declined"), "{e}");
+}
+
+fn arb_decline() -> impl Strategy<Value = Outcome> {
+    (
+        0usize..5,
+        proptest::option::of(1u8..=4),
+        proptest::option::of(1u8..=40),
+    )
+        .prop_map(|(n, cat, m)| {
+            Outcome::Declined(
+                crate::DeclineAdvice::new(crate::Network::ALL[n], Some("51"), cat, m).unwrap(),
+            )
+        })
+}
+
+proptest! {
+    /// A decline never waits in process, never pauses the fleet, never defers past the
+    /// deadline, and never defers shorter than its network's advised wait.
+    #[test]
+    fn declines_never_retry_in_process(o in arb_decline(), attempts in 0u32..20, preset in 0usize..3) {
+        let p = RetryPolicy::preset(RetryPolicy::PRESETS[preset]).unwrap();
+        let c = JobCounters { attempts, deadline: p.deadline_from(t0()), ..Default::default() };
+        let v = p.decide(&c, &o, t0(), &mut rng());
+        prop_assert_eq!(v.pause_until, None);
+        let waits = matches!(v.action, Action::RetryInProcess { .. } | Action::Done);
+        prop_assert!(!waits);
+        if let Action::Defer { until, delay, .. } = v.action {
+            if let Some(d) = c.deadline { prop_assert!(until <= d); }
+            if let crate::DeclineRule::RetryAfter(w) = o.decline().unwrap().rule() {
+                prop_assert!(delay >= w);
+            }
         }
     }
 }
