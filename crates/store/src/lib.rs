@@ -36,6 +36,7 @@ mod model;
 mod operator;
 mod ops;
 mod postgres;
+mod quota;
 mod retention;
 mod rows;
 mod schedule;
@@ -52,13 +53,14 @@ pub use model::{
     Attempt, BreakerUpdate, ClaimParams, Completion, Dependency, DependencyEvent, DependencyWrite,
     Enqueued, Job, JobId, JobState, Kinds, Lease, ListParams, MAX_BATCH, MAX_MAX_ATTEMPTS,
     MAX_NAME_LEN, MAX_PRIORITY, MIN_PRIORITY, NewAttempt, NewJob, Page, QueueCount, Rescued,
-    Selection, Transition, from_millis,
+    Selection, Transition, check_quota_key, from_millis,
 };
 pub use operator::{
     Actor, AuditEntry, BulkAction, BulkOutcome, DependencyOp, JobFilter, MAX_AUDIT_PAGE,
     PausedQueue,
 };
 pub use postgres::PgStore;
+pub use quota::{Decline, NewDecline, QuotaTake, Reattempt, ReattemptParams};
 pub use redrive_policy::Timestamp;
 pub use retention::{FINISHED_STATES, PRUNER_LEASE, Pruned};
 pub use schedule::{

@@ -130,6 +130,9 @@ pub struct NewJob {
     pub max_attempts: u32,
     /// Total time allowed from enqueue (or replay); the deadline is computed from it.
     pub ttl: Option<Duration>,
+    /// The card key the networks' reattempt quotas count against: a card fingerprint or a
+    /// payment-method id, never a card number (see [`check_quota_key`]).
+    pub quota_key: Option<String>,
 }
 
 impl NewJob {
@@ -150,7 +153,13 @@ impl NewJob {
             policy: "payment".into(),
             max_attempts: 15,
             ttl: None,
+            quota_key: None,
         }
+    }
+    /// Sets the card key for the reattempt quotas (a fingerprint or payment-method id).
+    pub fn quota_key(mut self, key: impl Into<String>) -> Self {
+        self.quota_key = Some(key.into());
+        self
     }
     /// Sets the idempotency key.
     pub fn key(mut self, key: impl Into<String>) -> Self {
@@ -205,6 +214,9 @@ impl NewJob {
         if let Some(d) = &self.dependency {
             name("dependency", d)?;
         }
+        if let Some(q) = &self.quota_key {
+            check_quota_key(q)?;
+        }
         name("policy", &self.policy)?;
         if !(MIN_PRIORITY..=MAX_PRIORITY).contains(&self.priority) {
             return Err(crate::StoreError::Invalid {
@@ -233,6 +245,70 @@ impl NewJob {
         }
         Ok(())
     }
+}
+
+/// Checks a `quota_key`: a valid name, and not a card number. A run of 13 to 19 digits
+/// (spaces and dashes between them allowed) that passes the Luhn check is refused as a PAN;
+/// the error shows only its last four digits.
+///
+/// # Errors
+/// [`crate::StoreError::Invalid`] naming `quota_key`.
+///
+/// ```
+/// use redrive_store::check_quota_key;
+/// assert!(check_quota_key("pm_1Nv0aX2eZvKYlo2C").is_ok());
+/// assert!(check_quota_key("fp:8f14e45fceea167a").is_ok());
+/// let e = check_quota_key("4242 4242 4242 4242").unwrap_err();
+/// assert!(e.to_string().contains("quota_key"));
+/// assert!(!e.to_string().contains("4242 4242"));
+/// ```
+pub fn check_quota_key(v: &str) -> crate::Result<()> {
+    name("quota_key", v)?;
+    if let Some(pan) = find_pan(v) {
+        return Err(crate::StoreError::Invalid {
+            field: "quota_key",
+            value: format!("…{}", &pan[pan.len() - 4..]),
+            reason: "looks like a card number (13 to 19 digits passing the Luhn check); use a \
+                     card fingerprint or payment-method id"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
+/// The first Luhn-valid run of 13–19 digits in `v` (digits may be separated by single spaces
+/// or dashes), as its digits. Longer runs of digits (order numbers) are not card numbers.
+fn find_pan(v: &str) -> Option<String> {
+    let mut runs: Vec<String> = vec![String::new()];
+    let mut prev_sep = false;
+    for c in v.chars() {
+        if c.is_ascii_digit() {
+            runs.last_mut()?.push(c);
+            prev_sep = false;
+        } else if (c == ' ' || c == '-') && !prev_sep && !runs.last()?.is_empty() {
+            prev_sep = true;
+        } else {
+            runs.push(String::new());
+            prev_sep = false;
+        }
+    }
+    runs.into_iter()
+        .find(|r| (13..=19).contains(&r.len()) && luhn(r))
+}
+
+fn luhn(digits: &str) -> bool {
+    let mut sum = 0u32;
+    for (i, b) in digits.bytes().rev().enumerate() {
+        let mut d = u32::from(b - b'0');
+        if i % 2 == 1 {
+            d *= 2;
+            if d > 9 {
+                d -= 9;
+            }
+        }
+        sum += d;
+    }
+    sum % 10 == 0
 }
 
 pub(crate) fn name(field: &'static str, v: &str) -> crate::Result<()> {
@@ -351,6 +427,9 @@ pub struct Job {
     pub updated_at: Timestamp,
     /// Finished.
     pub finished_at: Option<Timestamp>,
+    /// The card key the reattempt quotas count against, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quota_key: Option<String>,
 }
 
 impl Job {

@@ -2676,3 +2676,251 @@ mod retention {
         }
     }
 }
+
+/// Card declines and per-card reattempt quotas (issue 18): the quota is counted atomically
+/// across concurrent workers. As `declines::sqlite::NAME` and `declines::postgres::NAME`.
+mod declines {
+    use super::*;
+
+    conformance!(
+        eight_workers_forty_declined_jobs_of_one_card_take_at_most_fifteen_reattempts,
+        quota_key_is_stored_and_a_card_number_is_refused,
+        declines_are_recorded_with_their_advice,
+        a_full_window_frees_when_its_oldest_reattempt_leaves,
+    );
+
+    mod cases {
+        use super::*;
+        use redrive_policy::{DeclineAdvice, Network, QuotaWindow};
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicU32;
+
+        const DAY: Duration = Duration::from_secs(86_400);
+
+        fn visa_15() -> Vec<QuotaWindow> {
+            vec![QuotaWindow {
+                max: 15,
+                window: DAY * 30,
+            }]
+        }
+
+        pub(crate) async fn eight_workers_forty_declined_jobs_of_one_card_take_at_most_fifteen_reattempts(
+            s: &Store,
+        ) {
+            let now = ms(T0);
+            let jobs: Vec<NewJob> = (0..40)
+                .map(|i| {
+                    job("subs")
+                        .key(format!("renewal-{i}"))
+                        .quota_key("fp_card_1")
+                })
+                .collect();
+            s.enqueue_many(&jobs, now).await.unwrap();
+            let taken = Arc::new(AtomicU32::new(0));
+            let full = Arc::new(AtomicU32::new(0));
+            let mut tasks = Vec::new();
+            for w in 0..8 {
+                let (s, taken, full) = (s.clone(), taken.clone(), full.clone());
+                tasks.push(tokio::spawn(async move {
+                    let mut p = claim_params("subs", 1, now);
+                    p.worker = format!("w{w}");
+                    loop {
+                        let jobs = s.claim(&p).await.unwrap();
+                        let Some(j) = jobs.first() else { break };
+                        assert_eq!(j.quota_key.as_deref(), Some("fp_card_1"));
+                        // The first attempt is declined category 2; then two reattempts each.
+                        let advice = DeclineAdvice::visa("51", Some(2)).unwrap();
+                        s.record_decline(&NewDecline {
+                            job_id: j.id,
+                            attempt: 1,
+                            quota_key: j.quota_key.clone(),
+                            advice,
+                            at: now,
+                        })
+                        .await
+                        .unwrap();
+                        for k in 0..2 {
+                            let at = ms(T0 + 1000 * i64::from(w) + k);
+                            let windows = visa_15();
+                            let r = s
+                                .take_reattempt(&ReattemptParams {
+                                    quota_key: "fp_card_1",
+                                    network: Network::Visa,
+                                    windows: &windows,
+                                    job_id: j.id,
+                                    now: at,
+                                })
+                                .await
+                                .unwrap();
+                            match r {
+                                QuotaTake::Taken => taken.fetch_add(1, Ordering::SeqCst),
+                                QuotaTake::Full(f) => {
+                                    assert!(f.until > at, "{f:?}");
+                                    assert_eq!(f.window.max, 15);
+                                    full.fetch_add(1, Ordering::SeqCst)
+                                }
+                            };
+                        }
+                        s.complete(&with(
+                            j,
+                            Transition::Dead {
+                                reason: DeadReason::ReattemptQuota,
+                            },
+                            now,
+                        ))
+                        .await
+                        .unwrap();
+                    }
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+            assert_eq!(
+                taken.load(Ordering::SeqCst),
+                15,
+                "exactly the quota, never more"
+            );
+            assert_eq!(full.load(Ordering::SeqCst), 80 - 15);
+            let counted = s.reattempts("fp_card_1", ms(0)).await.unwrap();
+            assert_eq!(counted.len(), 15);
+            assert!(counted.iter().all(|r| r.network == Network::Visa));
+        }
+
+        pub(crate) async fn quota_key_is_stored_and_a_card_number_is_refused(s: &Store) {
+            let now = ms(T0);
+            let e = s
+                .enqueue(&job("q").quota_key("4242 4242 4242 4242"), now)
+                .await
+                .unwrap_err();
+            let text = e.to_string();
+            assert!(text.contains("quota_key"), "{text}");
+            assert!(
+                text.contains("4242") && !text.contains("4242 4242"),
+                "{text}"
+            );
+            // Not Luhn-valid, or not 13–19 digits: a fine key.
+            for ok in [
+                "4242424242424241",
+                "pm_1234567890123456",
+                "123456789012345678901",
+            ] {
+                let j = s.enqueue(&job("q").quota_key(ok), now).await.unwrap().job;
+                assert_eq!(j.quota_key.as_deref(), Some(ok));
+                assert_eq!(
+                    s.get(j.id).await.unwrap().unwrap().quota_key.as_deref(),
+                    Some(ok)
+                );
+            }
+            let windows = visa_15();
+            let e = s
+                .take_reattempt(&ReattemptParams {
+                    quota_key: "5555555555554444",
+                    network: Network::Mastercard,
+                    windows: &windows,
+                    job_id: 1,
+                    now,
+                })
+                .await
+                .unwrap_err();
+            assert!(e.to_string().contains("quota_key"), "{e}");
+        }
+
+        pub(crate) async fn declines_are_recorded_with_their_advice(s: &Store) {
+            let now = ms(T0);
+            let j = s
+                .enqueue(&job("q").quota_key("fp_2"), now)
+                .await
+                .unwrap()
+                .job;
+            for (n, a) in [
+                DeclineAdvice::mastercard("51", Some(25)).unwrap(),
+                DeclineAdvice::visa("14", None).unwrap(),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                s.record_decline(&NewDecline {
+                    job_id: j.id,
+                    attempt: n as u32 + 1,
+                    quota_key: Some("fp_2".into()),
+                    advice: a,
+                    at: ms(T0 + n as i64),
+                })
+                .await
+                .unwrap();
+            }
+            let d = s.declines(j.id).await.unwrap();
+            assert_eq!(d.len(), 2);
+            assert_eq!(
+                (
+                    d[0].network,
+                    d[0].code.as_deref(),
+                    d[0].advice_code,
+                    d[0].rule.as_str()
+                ),
+                (Network::Mastercard, Some("51"), Some(25), "retry_after 24h")
+            );
+            assert_eq!(
+                (
+                    d[1].network,
+                    d[1].category,
+                    d[1].rule.as_str(),
+                    d[1].attempt
+                ),
+                (Network::Visa, Some(1), "never_retry", 2)
+            );
+        }
+
+        pub(crate) async fn a_full_window_frees_when_its_oldest_reattempt_leaves(s: &Store) {
+            // Mastercard-like: 2 per minute and 3 per hour.
+            let windows = vec![
+                QuotaWindow {
+                    max: 2,
+                    window: Duration::from_secs(60),
+                },
+                QuotaWindow {
+                    max: 3,
+                    window: Duration::from_secs(3600),
+                },
+            ];
+            let take = |t: i64| {
+                let windows = windows.clone();
+                let s = s.clone();
+                async move {
+                    s.take_reattempt(&ReattemptParams {
+                        quota_key: "fp_3",
+                        network: Network::Mastercard,
+                        windows: &windows,
+                        job_id: 7,
+                        now: ms(t),
+                    })
+                    .await
+                    .unwrap()
+                }
+            };
+            assert_eq!(take(T0).await, QuotaTake::Taken);
+            assert_eq!(take(T0 + 10_000).await, QuotaTake::Taken);
+            // The minute is full until the first leaves it (T0 + 60 s).
+            match take(T0 + 20_000).await {
+                QuotaTake::Full(f) => {
+                    assert_eq!(f.until, ms(T0 + 60_000));
+                    assert_eq!(f.window.max, 2);
+                }
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(take(T0 + 60_000).await, QuotaTake::Taken);
+            // Now the hour is full (3 in it) until T0 + 1 h.
+            match take(T0 + 200_000).await {
+                QuotaTake::Full(f) => assert_eq!((f.until, f.window.max), (ms(T0 + 3_600_000), 3)),
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(take(T0 + 3_600_000).await, QuotaTake::Taken);
+            assert_eq!(
+                s.reattempts("fp_3", ms(T0)).await.unwrap().len(),
+                3,
+                "after T0 only"
+            );
+        }
+    }
+}

@@ -1,0 +1,316 @@
+//! Card declines and the fleet-wide per-card reattempt quotas (`redrive_declines`,
+//! `redrive_reattempts`).
+//!
+//! # Why the quota is counted in the store
+//! The networks count reattempts per card across every job and every worker of a merchant:
+//! fifteen jobs for one card on eight workers are one card's reattempts. So a worker, before
+//! an authorisation that follows a decline, *takes* a reattempt from the store
+//! ([`Store::take_reattempt`]): the count over each window and the insert of the new
+//! reattempt happen under one lock per card key (SQLite's single writer, `BEGIN IMMEDIATE`;
+//! a PostgreSQL transaction-scoped advisory lock on the key), so no two workers can both take
+//! the fifteenth. A reattempt is taken *before* the call: a crash after the take and before
+//! the call counts one reattempt too many, never one too few.
+
+use std::time::Duration;
+
+use redrive_policy::{DeclineAdvice, Network, QuotaExhausted, QuotaWindow, Timestamp};
+use serde::Serialize;
+
+use crate::model::{from_millis, millis};
+use crate::{JobId, Result, Store, StoreError};
+
+/// A decline to record with its advice.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewDecline {
+    /// The job.
+    pub job_id: JobId,
+    /// The attempt's number (1-based, counted attempts after it).
+    pub attempt: u32,
+    /// The job's card key, if any.
+    pub quota_key: Option<String>,
+    /// What the network said.
+    pub advice: DeclineAdvice,
+    /// When.
+    pub at: Timestamp,
+}
+
+/// A recorded decline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Decline {
+    /// Row id.
+    pub id: i64,
+    /// The job.
+    pub job_id: JobId,
+    /// The attempt's number.
+    pub attempt: u32,
+    /// The card key, if the job had one.
+    pub quota_key: Option<String>,
+    /// When.
+    pub at: Timestamp,
+    /// The card network.
+    pub network: Network,
+    /// The issuer's response code.
+    pub code: Option<String>,
+    /// Visa's decline category.
+    pub category: Option<u8>,
+    /// Mastercard's Merchant Advice Code.
+    pub advice_code: Option<u8>,
+    /// The rule the advice came to (`never_retry`, `retry_after 1d`, `retry_later`, ...).
+    pub rule: String,
+}
+
+/// A reattempt counted against a card key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Reattempt {
+    /// The job that made it.
+    pub job_id: JobId,
+    /// The network whose rules counted it.
+    pub network: Network,
+    /// When it was taken.
+    pub at: Timestamp,
+}
+
+/// What [`Store::take_reattempt`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QuotaTake {
+    /// The reattempt was counted: make the call.
+    Taken,
+    /// A window is full: no reattempt before `until` (the latest of the full windows' edges).
+    Full(QuotaExhausted),
+}
+
+/// A reattempt to take against a card key's quota.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReattemptParams<'a> {
+    /// The card key.
+    pub quota_key: &'a str,
+    /// The network whose windows apply.
+    pub network: Network,
+    /// The windows (empty: no quota, always taken).
+    pub windows: &'a [QuotaWindow],
+    /// The job taking it.
+    pub job_id: JobId,
+    /// Now.
+    pub now: Timestamp,
+}
+
+#[derive(sqlx::FromRow)]
+struct DeclineRow {
+    id: i64,
+    job_id: i64,
+    attempt: i64,
+    quota_key: Option<String>,
+    at: i64,
+    network: String,
+    code: Option<String>,
+    category: Option<i64>,
+    advice_code: Option<i64>,
+    rule: String,
+}
+
+impl DeclineRow {
+    fn into_decline(self) -> Result<Decline> {
+        let corrupt = |what: &'static str, detail: String| StoreError::Corrupt { what, detail };
+        let small = |what: &'static str, v: Option<i64>| {
+            v.map(|v| u8::try_from(v).map_err(|_| corrupt(what, v.to_string())))
+                .transpose()
+        };
+        Ok(Decline {
+            id: self.id,
+            job_id: self.job_id,
+            attempt: u32::try_from(self.attempt)
+                .map_err(|_| corrupt("decline attempt", self.attempt.to_string()))?,
+            quota_key: self.quota_key,
+            at: from_millis(self.at),
+            network: self
+                .network
+                .parse()
+                .map_err(|_| corrupt("decline network", self.network.clone()))?,
+            code: self.code,
+            category: small("decline category", self.category)?,
+            advice_code: small("decline advice code", self.advice_code)?,
+            rule: self.rule,
+        })
+    }
+}
+
+const INSERT_DECLINE: &str = "INSERT INTO redrive_declines \
+    (job_id, attempt, quota_key, at, network, code, category, advice_code, rule) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+const DECLINES_OF: &str = "SELECT id, job_id, attempt, quota_key, at, network, code, category, \
+    advice_code, rule FROM redrive_declines WHERE job_id = $1 ORDER BY id";
+const COUNT_IN_WINDOW: &str =
+    "SELECT COUNT(*) FROM redrive_reattempts WHERE quota_key = $1 AND at > $2";
+const NTH_IN_WINDOW: &str = "SELECT at FROM redrive_reattempts WHERE quota_key = $1 AND at > $2 \
+    ORDER BY at, id LIMIT 1 OFFSET $3";
+const INSERT_REATTEMPT: &str =
+    "INSERT INTO redrive_reattempts (quota_key, network, job_id, at) VALUES ($1, $2, $3, $4)";
+const REATTEMPTS_OF: &str = "SELECT job_id, network, at FROM redrive_reattempts \
+    WHERE quota_key = $1 AND at > $2 ORDER BY at, id";
+const PG_LOCK_KEY: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))";
+
+fn window_ms(w: Duration) -> i64 {
+    i64::try_from(w.as_millis()).unwrap_or(i64::MAX)
+}
+
+macro_rules! take_in {
+    ($tx:expr, $p:expr, $now:expr) => {{
+        let mut full: Option<QuotaExhausted> = None;
+        for w in $p.windows {
+            let since = $now.saturating_sub(window_ms(w.window));
+            let (n,): (i64,) = sqlx::query_as(COUNT_IN_WINDOW)
+                .bind($p.quota_key)
+                .bind(since)
+                .fetch_one(&mut *$tx)
+                .await?;
+            if n >= i64::from(w.max) {
+                // Room for one more once the (n - max + 1)th oldest has left the window.
+                let (at,): (i64,) = sqlx::query_as(NTH_IN_WINDOW)
+                    .bind($p.quota_key)
+                    .bind(since)
+                    .bind(n - i64::from(w.max))
+                    .fetch_one(&mut *$tx)
+                    .await?;
+                let until = from_millis(at.saturating_add(window_ms(w.window)));
+                if full.is_none_or(|f| until > f.until) {
+                    full = Some(QuotaExhausted { until, window: *w });
+                }
+            }
+        }
+        match full {
+            Some(f) => QuotaTake::Full(f),
+            None => {
+                sqlx::query(INSERT_REATTEMPT)
+                    .bind($p.quota_key)
+                    .bind($p.network.as_str())
+                    .bind($p.job_id)
+                    .bind($now)
+                    .execute(&mut *$tx)
+                    .await?;
+                QuotaTake::Taken
+            }
+        }
+    }};
+}
+
+impl Store {
+    /// Records a decline with its advice (shown by `redrive show`).
+    ///
+    /// # Errors
+    /// A database error.
+    pub async fn record_decline(&self, d: &NewDecline) -> Result<()> {
+        let a = &d.advice;
+        macro_rules! q {
+            ($pool:expr) => {
+                sqlx::query(INSERT_DECLINE)
+                    .bind(d.job_id)
+                    .bind(i64::from(d.attempt))
+                    .bind(d.quota_key.clone())
+                    .bind(millis(d.at))
+                    .bind(a.network.as_str())
+                    .bind(a.code.map(|c| c.as_str().to_owned()))
+                    .bind(a.category.map(i64::from))
+                    .bind(a.advice_code.map(i64::from))
+                    .bind(a.rule().to_string())
+                    .execute($pool)
+                    .await
+                    .map(|_| ())?
+            };
+        }
+        match self {
+            Store::Sqlite(s) => q!(&s.pool),
+            Store::Postgres(s) => q!(&s.pool),
+        };
+        Ok(())
+    }
+
+    /// A job's declines, oldest first.
+    ///
+    /// # Errors
+    /// A database error, or a corrupt row.
+    pub async fn declines(&self, job_id: JobId) -> Result<Vec<Decline>> {
+        let rows: Vec<DeclineRow> = match self {
+            Store::Sqlite(s) => {
+                sqlx::query_as(DECLINES_OF)
+                    .bind(job_id)
+                    .fetch_all(&s.read)
+                    .await?
+            }
+            Store::Postgres(s) => {
+                sqlx::query_as(DECLINES_OF)
+                    .bind(job_id)
+                    .fetch_all(&s.read)
+                    .await?
+            }
+        };
+        rows.into_iter().map(DeclineRow::into_decline).collect()
+    }
+
+    /// Takes one reattempt from a card key's quota, atomically across the fleet: counts the
+    /// key's reattempts in each window and, if every window has room, records this one; all
+    /// under one lock per key, so concurrent workers can never both take the last one.
+    ///
+    /// # Errors
+    /// [`StoreError::Invalid`] for a bad `quota_key`; a database error.
+    pub async fn take_reattempt(&self, p: &ReattemptParams<'_>) -> Result<QuotaTake> {
+        crate::model::check_quota_key(p.quota_key)?;
+        if p.windows.is_empty() {
+            return Ok(QuotaTake::Taken);
+        }
+        let now = millis(p.now);
+        match self {
+            Store::Sqlite(s) => {
+                // BEGIN IMMEDIATE: the one writer of the file, from the count to the insert.
+                let mut tx = s.tx().await?;
+                let out = take_in!(tx, p, now);
+                tx.commit().await?;
+                Ok(out)
+            }
+            Store::Postgres(s) => {
+                let mut tx = s.tx().await?;
+                sqlx::query(PG_LOCK_KEY)
+                    .bind(p.quota_key)
+                    .execute(&mut *tx)
+                    .await?;
+                let out = take_in!(tx, p, now);
+                tx.commit().await?;
+                Ok(out)
+            }
+        }
+    }
+
+    /// A card key's reattempts after `since`, oldest first (`redrive quota show`).
+    ///
+    /// # Errors
+    /// A database error, or a corrupt row.
+    pub async fn reattempts(&self, quota_key: &str, since: Timestamp) -> Result<Vec<Reattempt>> {
+        let rows: Vec<(i64, String, i64)> = match self {
+            Store::Sqlite(s) => {
+                sqlx::query_as(REATTEMPTS_OF)
+                    .bind(quota_key)
+                    .bind(millis(since))
+                    .fetch_all(&s.read)
+                    .await?
+            }
+            Store::Postgres(s) => {
+                sqlx::query_as(REATTEMPTS_OF)
+                    .bind(quota_key)
+                    .bind(millis(since))
+                    .fetch_all(&s.read)
+                    .await?
+            }
+        };
+        rows.into_iter()
+            .map(|(job_id, network, at)| {
+                Ok(Reattempt {
+                    job_id,
+                    network: network.parse().map_err(|_| StoreError::Corrupt {
+                        what: "reattempt network",
+                        detail: network.clone(),
+                    })?,
+                    at: from_millis(at),
+                })
+            })
+            .collect()
+    }
+}
