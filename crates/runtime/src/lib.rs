@@ -41,6 +41,7 @@
 mod clock;
 mod completer;
 mod db;
+mod declines;
 mod fleet;
 mod handler;
 mod maintenance;

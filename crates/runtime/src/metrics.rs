@@ -96,3 +96,25 @@ pub async fn publish_counts(store: &Store) -> Result<Vec<QueueCount>, redrive_st
     }
     Ok(counts)
 }
+
+// ----- card declines (issue 18) -----
+
+/// `redrive_declines_total{dependency,network,category}`: card declines returned by handlers;
+/// `category` is Visa's decline category (`1`–`4`), else `mac_NN` for a Mastercard Merchant
+/// Advice Code, else `none`.
+pub const DECLINES_TOTAL: &str = "redrive_declines_total";
+/// `redrive_reattempts_blocked_total{reason}`: authorisations not sent because the card
+/// networks' rules forbid them now: `quota` (the card's reattempt quota is used up),
+/// `advice_wait` (a Merchant Advice Code's wait has not passed), `do_not_retry` (a decline
+/// that must never be reattempted).
+pub const REATTEMPTS_BLOCKED_TOTAL: &str = "redrive_reattempts_blocked_total";
+
+pub(crate) fn declined(dependency: &str, network: &str, category: String) {
+    metrics::counter!(DECLINES_TOTAL, "dependency" => dependency.to_owned(),
+        "network" => network.to_owned(), "category" => category)
+    .increment(1);
+}
+
+pub(crate) fn reattempt_blocked(reason: &'static str) {
+    metrics::counter!(REATTEMPTS_BLOCKED_TOTAL, "reason" => reason).increment(1);
+}

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::completer::{Completer, WriteError};
 use crate::db::Db;
+use crate::declines;
 use crate::fleet::{Fleet, Gate};
 use crate::handler::{Attempted, Handler, JobContext, StatusAnswer};
 use crate::metrics;
@@ -900,6 +901,20 @@ impl Run {
             detail: e.to_string(),
         };
 
+        // The card networks' rules before a call that follows a decline (declines.rs).
+        let mut last_decline = None;
+        if declines::may_follow_decline(job) {
+            match declines::last_decline(&self.w.db, job.id).await {
+                Ok(d) => last_decline = d,
+                Err(e) => {
+                    // Unknown whether this call would break a network rule: do not make it.
+                    tracing::warn!(job = job.id, "reading the job's declines failed: {e}");
+                    return self
+                        .end_unattempted(job, counters, Transition::Released, lost, s)
+                        .await;
+                }
+            }
+        }
         let mut waited_since = None;
         loop {
             // Is the dependency open or paused (fleet-wide)? Then defer: not an attempt.
@@ -977,6 +992,31 @@ impl Run {
                 .and_then(|d| self.w.fleet.inflight(d))
             {
                 inflight_permit = sem.acquire_owned().await.ok();
+            }
+            if let Some(last) = &last_decline {
+                let quotas = b.policies.quotas();
+                let gate = declines::gate(
+                    &self.w.db,
+                    job,
+                    last,
+                    &counters,
+                    &policy,
+                    quotas,
+                    clock.now(),
+                )
+                .await;
+                let transition = match gate {
+                    Ok(None) => None,
+                    Ok(Some(action)) => Some(plan(action, &serde_json::Value::Null).0),
+                    Err(e) => {
+                        tracing::warn!(job = job.id, "taking a card reattempt failed: {e}");
+                        Some(Transition::Released)
+                    }
+                };
+                if let Some(t) = transition {
+                    drop(inflight_permit);
+                    return self.end_unattempted(job, counters, t, lost, s).await;
+                }
             }
             let generation = auth.as_ref().map(|a| a.generation.load(Ordering::SeqCst));
             let started = clock.now();
@@ -1058,6 +1098,13 @@ impl Run {
 
             let now = clock.now();
             let verdict = policy.decide(&counters, &attempted.outcome, now, &mut rng);
+            if let Outcome::Declined(advice) = attempted.outcome {
+                let n = counters.attempts + 1;
+                if let Err(e) = declines::record(&self.w.db, job, n, advice, now).await {
+                    tracing::warn!(job = job.id, "recording the decline failed: {e}");
+                }
+                last_decline = Some(declines::LastDecline::of(&advice, now));
+            }
             if let Some(dep) = &job.dependency
                 && let Err(e) = self
                     .w

@@ -799,3 +799,272 @@ impl Handler for SlowFirstFails {
         })
     }
 }
+
+// ===== card declines (issue 18) =====
+
+fn declined(advice: redrive_policy::DeclineAdvice) -> Attempted {
+    fail(Outcome::Declined(advice), 402)
+}
+fn visa(cat: u8) -> Attempted {
+    declined(redrive_policy::DeclineAdvice::visa("05", Some(cat)).unwrap())
+}
+fn mac(m: u8) -> Attempted {
+    declined(redrive_policy::DeclineAdvice::mastercard("05", Some(m)).unwrap())
+}
+fn card_job() -> NewJob {
+    NewJob::new("q", "k", json!({}))
+        .quota_key("fp_card")
+        .dependency("psp")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_visa_category_1_decline_is_dead_after_one_attempt_never_a_second_call() {
+    let e = env().await;
+    let id = e.enqueue(card_job()).await;
+    let h = script(vec![visa(1), ok()]);
+    let s = e
+        .worker("k", h.clone())
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!((s.dead, s.attempts), (1, 1));
+    let j = e.get(id).await;
+    assert_eq!(
+        (j.state, j.dead_reason.as_deref()),
+        (JobState::Dead, Some("do_not_retry"))
+    );
+    // An operator's replay does not make the second call either: the rule is the card's.
+    let now = e.clock.now();
+    let n = e
+        .db(move |s| async move {
+            s.replay(&redrive_store::Selection::Ids(vec![id]), now)
+                .await
+                .unwrap()
+        })
+        .await;
+    assert_eq!(n, 1);
+    e.worker("k", h.clone())
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!(h.calls.load(Ordering::SeqCst), 1, "never a second call");
+    let j = e.get(id).await;
+    assert_eq!(j.dead_reason.as_deref(), Some("do_not_retry"));
+    let d = e
+        .db(move |s| async move { s.declines(id).await.unwrap() })
+        .await;
+    assert_eq!(
+        (d.len(), d[0].category, d[0].rule.as_str()),
+        (1, Some(1), "never_retry")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_mac_25_decline_defers_exactly_24h_then_one_attempt() {
+    let e = env().await;
+    let id = e.enqueue(card_job()).await;
+    let h = script(vec![mac(25), ok()]);
+    let t0 = e.clock.now();
+    let s = e
+        .worker("k", h.clone())
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!((s.deferred, s.attempts), (1, 1));
+    let j = e.get(id).await;
+    assert_eq!(
+        (j.state, j.defer_reason.as_deref()),
+        (JobState::Deferred, Some("decline_advice"))
+    );
+    let a = e.attempts(id).await;
+    assert_eq!(j.run_at, a[0].started_at + chrono::Duration::hours(24));
+    assert!(j.run_at + chrono::Duration::milliseconds(1) >= t0 + chrono::Duration::hours(24));
+    // Nothing is called before the wait is over.
+    tokio::time::advance(Duration::from_secs(24 * 3600 - 60)).await;
+    e.worker("k", h.clone())
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!(h.calls.load(Ordering::SeqCst), 1);
+    tokio::time::advance(Duration::from_secs(120)).await;
+    let s = e
+        .worker("k", h.clone())
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!(
+        (s.succeeded, s.attempts),
+        (1, 1),
+        "then exactly one attempt"
+    );
+    assert_eq!(h.calls.load(Ordering::SeqCst), 2);
+    let r = e
+        .db(|s| async move {
+            s.reattempts("fp_card", redrive_store::from_millis(0))
+                .await
+                .unwrap()
+        })
+        .await;
+    assert_eq!(
+        r.len(),
+        1,
+        "the call after the decline counted as a reattempt"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_mac_21_decline_is_dead_recurring_stopped() {
+    let e = env().await;
+    let id = e.enqueue(card_job()).await;
+    let h = script(vec![mac(21), ok()]);
+    e.worker("k", h.clone())
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    let j = e.get(id).await;
+    assert_eq!(j.dead_reason.as_deref(), Some("recurring_stopped"));
+    assert_eq!(h.calls.load(Ordering::SeqCst), 1);
+}
+
+fn quota_policies(retry_later: Duration, deadline: Option<Duration>) -> PolicySet {
+    let mut set = PolicySet::builtin();
+    let mut b = RetryPolicy::builder("payment")
+        .with_decline_retry_later(retry_later)
+        .with_jitter(Jitter::None);
+    if let Some(d) = deadline {
+        b = b.with_deadline(d);
+    }
+    set.insert(b.build().unwrap());
+    set.set_quotas(
+        redrive_policy::QuotaRules::none()
+            .with(
+                redrive_policy::Network::Visa,
+                vec![redrive_policy::QuotaWindow {
+                    max: 2,
+                    window: Duration::from_secs(3600),
+                }],
+            )
+            .unwrap(),
+    );
+    set
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_exhausted_card_quota_defers_to_the_window_edge_without_a_call() {
+    let e = env().await;
+    let id = e.enqueue(card_job()).await;
+    let h = script(vec![visa(2)]);
+    let set = quota_policies(Duration::from_secs(600), None);
+    let mut reattempt_times = Vec::new();
+    for round in 0..3 {
+        e.worker("k", h.clone())
+            .policies(set.clone())
+            .build()
+            .run_until_idle()
+            .await
+            .unwrap();
+        if round > 0 {
+            reattempt_times.push(e.attempts(id).await.last().unwrap().started_at);
+        }
+        tokio::time::advance(Duration::from_secs(600)).await;
+    }
+    // The first call and two reattempts: the quota of 2 per hour is used up.
+    assert_eq!(h.calls.load(Ordering::SeqCst), 3);
+    let s = e
+        .worker("k", h.clone())
+        .policies(set.clone())
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!((s.attempts, s.deferred), (0, 1), "no call: {s:?}");
+    let j = e.get(id).await;
+    assert_eq!(
+        (j.state, j.defer_reason.as_deref()),
+        (JobState::Deferred, Some("reattempt_quota"))
+    );
+    assert_eq!(
+        j.run_at,
+        reattempt_times[0] + chrono::Duration::hours(1),
+        "the window's edge"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_exhausted_card_quota_past_the_deadline_is_dead_reattempt_quota() {
+    let e = env().await;
+    let set = quota_policies(Duration::from_secs(600), Some(Duration::from_secs(2400)));
+    let policy = set.get("payment").unwrap().clone();
+    let id = e.enqueue(card_job().with_policy(&policy)).await;
+    let h = script(vec![visa(2)]);
+    for _ in 0..3 {
+        e.worker("k", h.clone())
+            .policies(set.clone())
+            .build()
+            .run_until_idle()
+            .await
+            .unwrap();
+        tokio::time::advance(Duration::from_secs(600)).await;
+    }
+    assert_eq!(h.calls.load(Ordering::SeqCst), 3);
+    e.worker("k", h.clone())
+        .policies(set.clone())
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    let j = e.get(id).await;
+    assert_eq!(
+        (j.state, j.dead_reason.as_deref()),
+        (JobState::Dead, Some("reattempt_quota"))
+    );
+    assert_eq!(h.calls.load(Ordering::SeqCst), 3, "no call");
+}
+
+#[tokio::test(start_paused = true)]
+async fn declines_never_open_the_breaker() {
+    let e = env().await;
+    for _ in 0..6 {
+        e.enqueue(card_job()).await;
+    }
+    let h = script(vec![visa(2)]);
+    let s = e
+        .worker("k", h.clone())
+        .policies(breaker_policies(2))
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!(s.attempts, 6);
+    // Six declines in a row with a breaker that opens after two failures: still closed (no
+    // row was ever written for it, or a closed one).
+    let dep = e
+        .db(|s| async move { s.dependency("psp").await.unwrap() })
+        .await;
+    assert!(
+        dep.as_ref().is_none_or(|d| d.flow.state == BreakerState::Closed),
+        "{dep:?}"
+    );
+    let events = e
+        .db(|s| async move { s.dependency_events(Some("psp"), 10).await.unwrap() })
+        .await;
+    assert!(events.is_empty(), "{events:?}");
+    // The same with 503s opens it: the test can fail.
+    let e2 = env().await;
+    for _ in 0..6 {
+        e2.enqueue(card_job()).await;
+    }
+    e2.worker("k", script(vec![infra()]))
+        .policies(breaker_policies(2))
+        .build()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!(e2.dependency("psp").await.flow.state, BreakerState::Open);
+}
