@@ -506,6 +506,13 @@ pub(crate) struct PspSimArgs {
     /// Seed that makes the faults reproducible.
     #[arg(long)]
     pub(crate) seed: Option<u64>,
+    /// Share of authorisations declined with a 402 carrying the network's advice.
+    #[arg(long = "decline-rate")]
+    pub(crate) decline_rate: Option<f64>,
+    /// The declines' kinds and weights, e.g. `visa1:0.2,visa2:0.5,mc24:0.3` (kinds: visa1..visa4,
+    /// mc01, mc02, mc03, mc04, mc21, mc24..mc30; default: all visa2).
+    #[arg(long = "decline-mix")]
+    pub(crate) decline_mix: Option<String>,
     /// `on` (the default): the ledger itself refuses a second charge for a key. `off`: only
     /// the idempotency layer in front of the charges protects them, as at a real PSP, so
     /// `duplicate_effects` in `/_sim/stats` shows what the layer and the clients achieved.

@@ -1,7 +1,8 @@
 //! The built-in `http` job kind: payload `{method, url, headers?, body?, timeout_ms?}`.
 //!
 //! The job's idempotency key is sent as `Idempotency-Key` on every attempt (a job without a
-//! key uses `redrive-job-ID`, stable across attempts). The response is classified by the
+//! key uses `redrive-job-ID`, stable across attempts); after N card declines, `KEY-rN` (a
+//! reattempt is a new authorisation, see [`crate::declines`]). The response is classified by the
 //! policy's status table; `Retry-After` is honoured; a refused or reset connection is
 //! `infrastructure`; a timeout once the request may have been sent is an ambiguous `timeout`,
 //! repeated only with the same key. The status and the first 64 KiB of the body are the result.
@@ -18,6 +19,7 @@
 //! | other statuses | the status table (2xx success, 429, 5xx, 4xx…) | |
 //! | a 2xx whose body **stalls or breaks** before its end | `timeout` (same key: repeat is safe) | the PSP acted but its answer was lost: the same-key repeat returns it |
 //! | a non-2xx whose body stalls | the status's class | the status is enough to decide |
+//! | a status of the decline map (default 402) whose JSON body carries decline advice | `declined` | see [`crate::declines`]; the network's rules decide what follows |
 //!
 //! # Bounded memory
 //! The body is streamed and read only up to [`MAX_RESULT_BODY`] plus one chunk; then the
@@ -34,6 +36,7 @@ use redrive_runtime::{Attempted, Handler, JobContext};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::declines::DeclineMap;
 use crate::egress::{EgressPolicy, EgressResolver, MAX_REDIRECTS, RedirectMode, denial_in};
 use crate::redact::{redact_text, redact_url};
 use crate::validate::{
@@ -67,6 +70,10 @@ pub struct HttpPayload {
     /// Per-call timeout in milliseconds (default 10 s).
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// How to read a card decline from the response: a preset name (`redrive`, `stripe`,
+    /// `adyen`) or a [`DeclineMap`] object (see [`crate::declines`]); default: the handler's.
+    #[serde(default)]
+    pub declines: Option<Value>,
 }
 
 impl HttpPayload {
@@ -81,7 +88,7 @@ impl HttpPayload {
                 "payload",
                 "",
                 format!(
-                    "{} (an http payload is {{method, url, headers?, body?, timeout_ms?}})",
+                    "{} (an http payload is {{method, url, headers?, body?, timeout_ms?, declines?}})",
                     redact_text(&e.to_string())
                 ),
             )
@@ -138,7 +145,17 @@ impl HttpPayload {
                 "must be 1..=600000",
             ));
         }
+        if let Some(d) = &p.declines {
+            DeclineMap::from_payload(d)?;
+        }
         Ok(p)
+    }
+
+    /// The decline map the payload names, if any (already validated by [`HttpPayload::parse`]).
+    pub fn decline_map(&self) -> Option<DeclineMap> {
+        self.declines
+            .as_ref()
+            .and_then(|d| DeclineMap::from_payload(d).ok())
     }
 
     /// The per-call timeout.
@@ -174,6 +191,7 @@ pub struct HttpJob {
     client: reqwest::Client,
     status: StatusTable,
     egress: Arc<EgressPolicy>,
+    declines: Option<Arc<DeclineMap>>,
 }
 
 impl Default for HttpJob {
@@ -235,7 +253,14 @@ impl HttpJob {
             client,
             status,
             egress,
+            declines: None,
         })
+    }
+
+    /// Reads card declines out of responses with `map` for jobs whose payload names none.
+    pub fn with_declines(mut self, map: DeclineMap) -> Self {
+        self.declines = Some(Arc::new(map));
+        self
     }
 
     async fn call(self, ctx: JobContext) -> Attempted {
@@ -266,7 +291,22 @@ impl HttpJob {
             b = read_bounded(resp, MAX_RESULT_BODY) => b,
             _ = ctx.cancel.cancelled() => return Attempted::failure(Outcome::Exception, "lease lost; call abandoned"),
         };
-        self.classify(&shown, code, retry_after, location, body)
+        let map = p
+            .decline_map()
+            .map(Arc::new)
+            .or_else(|| self.declines.clone());
+        let mut a = self.classify(&shown, code, retry_after, location, body);
+        if let Some(m) = map
+            && !matches!(a.outcome, Outcome::Timeout { .. })
+            && let Some(advice) = m.advice(code, a.result.get("body").unwrap_or(&Value::Null))
+        {
+            a.outcome = Outcome::Declined(advice);
+            a.error = Some(format!(
+                "{shown} → {code}: declined ({})",
+                advice.describe()
+            ));
+        }
+        a
     }
 
     /// Parses the payload and builds the request; what fails here never left the process.
@@ -274,10 +314,15 @@ impl HttpJob {
     fn prepare(&self, ctx: &JobContext) -> Result<(HttpPayload, reqwest::Request), Attempted> {
         let p = HttpPayload::parse(&ctx.payload)
             .map_err(|e| Attempted::failure(Outcome::Permanent, e.to_string()))?;
-        let key = ctx
+        let mut key = ctx
             .key
             .clone()
             .unwrap_or_else(|| format!("redrive-job-{}", ctx.job_id));
+        // A reattempt after a decline is a new authorisation (a PSP replays a stored decline
+        // for the same key); the decline charged nothing, so a new key cannot charge twice.
+        if ctx.declines > 0 {
+            key = format!("{key}-r{}", ctx.declines);
+        }
         let method = reqwest::Method::from_bytes(p.method.as_bytes()).map_err(|_| {
             Attempted::failure(Outcome::Permanent, "payload.method: not an HTTP method")
         })?;

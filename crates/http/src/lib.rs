@@ -4,12 +4,14 @@
 //! calls ([`egress`]).
 
 pub mod alerts;
+pub mod declines;
 pub mod egress;
 pub mod idempotency;
 pub mod job;
 pub mod redact;
 pub mod validate;
 
+pub use declines::DeclineMap;
 pub use egress::{EgressPolicy, RedirectMode};
 pub use job::{HttpJob, HttpPayload, redact_payload};
 pub use validate::{EnqueueError, check_same_request, validate_new_job};

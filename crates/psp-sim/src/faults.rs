@@ -168,6 +168,11 @@ pub struct Faults {
     /// Seed of the fault RNG. `None` when set: keep the current RNG; at start:
     /// a random seed (reported by `GET /_sim/faults`).
     pub seed: Option<u64>,
+    /// Share of authorisations (charges that reach the ledger fresh) declined with a 402,
+    /// 0..=1 (see [`crate::declines`]).
+    pub decline_rate: f64,
+    /// The kinds of decline and their weights (empty: all `visa2`).
+    pub decline_mix: Vec<(crate::DeclineKind, f64)>,
 }
 
 impl Default for Faults {
@@ -188,6 +193,8 @@ const KNOWN: &[&str] = &[
     "timeout_delay_ms",
     "processing_ms",
     "seed",
+    "decline_rate",
+    "decline_mix",
 ];
 
 impl Faults {
@@ -204,6 +211,8 @@ impl Faults {
             timeout_delay: DEFAULT_TIMEOUT_DELAY,
             processing: Duration::ZERO,
             seed: None,
+            decline_rate: 0.0,
+            decline_mix: Vec::new(),
         }
     }
 
@@ -214,6 +223,8 @@ impl Faults {
     pub fn validate(&self) -> Result<(), FaultsError> {
         share("error_rate", self.error_rate)?;
         share("timeout_after_commit", self.timeout_after_commit)?;
+        share("decline_rate", self.decline_rate)?;
+        crate::declines::check_mix(&self.decline_mix)?;
         if let Some(r) = self.rate_limit
             && !(r.is_finite() && r > 0.0 && r <= MAX_RATE_LIMIT)
         {
@@ -288,6 +299,20 @@ impl Faults {
             f.processing = Duration::from_millis(ms);
         }
         f.seed = opt_u64(obj, "seed")?;
+        if let Some(x) = opt_f64(obj, "decline_rate")? {
+            f.decline_rate = x;
+        }
+        match obj.get("decline_mix") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(m)) => f.decline_mix = crate::declines::parse_decline_mix(m)?,
+            Some(v) => {
+                return Err(FaultsError::invalid(
+                    "decline_mix",
+                    short(v),
+                    "a string like \"visa1:0.2,visa2:0.5,mc24:0.3\"",
+                ));
+            }
+        }
         f.validate()?;
         Ok(f)
     }
@@ -446,6 +471,8 @@ struct FaultsView {
     timeout_delay_ms: u64,
     processing_ms: u64,
     seed: Option<u64>,
+    decline_rate: f64,
+    decline_mix: String,
 }
 
 impl From<&Faults> for FaultsView {
@@ -465,6 +492,8 @@ impl From<&Faults> for FaultsView {
             timeout_delay_ms: ms(f.timeout_delay),
             processing_ms: ms(f.processing),
             seed: f.seed,
+            decline_rate: f.decline_rate,
+            decline_mix: crate::declines::mix_text(&f.decline_mix),
         }
     }
 }
@@ -504,11 +533,14 @@ pub(crate) struct FaultEngine {
     refilled_at: Duration,
     errors: SmallRng,
     timeouts: SmallRng,
+    declines: SmallRng,
 }
 
 /// The timeout stream is the seed's own, so that turning timeouts on does
 /// not change which requests get errors.
 const TIMEOUT_STREAM: u64 = 0x9E37_79B9_7F4A_7C15;
+/// The decline stream, likewise its own.
+const DECLINE_STREAM: u64 = 0xD1B5_4A32_D192_ED03;
 
 impl FaultEngine {
     /// An engine for `faults` (already validated), seeded with `seed`.
@@ -518,6 +550,7 @@ impl FaultEngine {
             refilled_at: now,
             errors: SmallRng::seed_from_u64(seed),
             timeouts: SmallRng::seed_from_u64(seed ^ TIMEOUT_STREAM),
+            declines: SmallRng::seed_from_u64(seed ^ DECLINE_STREAM),
             seed,
             faults: Faults {
                 seed: Some(seed),
@@ -579,6 +612,17 @@ impl FaultEngine {
             return Verdict::Error(status);
         }
         Verdict::Pass
+    }
+
+    /// Whether this authorisation is declined, and how.
+    pub(crate) fn decline(&mut self) -> Option<crate::DeclineKind> {
+        if self.faults.decline_rate > 0.0
+            && self.declines.random::<f64>() < self.faults.decline_rate
+        {
+            let u = self.declines.random::<f64>();
+            return Some(crate::declines::pick(&self.faults.decline_mix, u));
+        }
+        None
     }
 
     /// Whether the answer to a charge just made is held back.

@@ -31,6 +31,10 @@ pub struct ChargeRequest {
     /// The caller's own reference.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reference: Option<String>,
+    /// The card being charged: a card fingerprint or payment-method id (never a card
+    /// number), for the networks' per-card reattempt rules (see [`crate::declines`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub card: Option<String>,
 }
 
 /// A charge the simulator made.
@@ -125,10 +129,23 @@ impl ChargeRequest {
             }
             Some(v) => return Err(invalid("reference", &format!("{v} is not a string"))),
         };
+        let card = match obj.get("card") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if !s.is_empty() && s.chars().count() <= MAX_REFERENCE_LEN => {
+                Some(s.clone())
+            }
+            Some(v) => {
+                return Err(invalid(
+                    "card",
+                    &format!("{v} is not a card key of 1 to {MAX_REFERENCE_LEN} characters"),
+                ));
+            }
+        };
         Ok(ChargeRequest {
             amount,
             currency,
             reference,
+            card,
         })
     }
 }
@@ -310,6 +327,7 @@ mod tests {
             amount,
             currency: "EUR".into(),
             reference: None,
+            card: None,
         }
     }
 

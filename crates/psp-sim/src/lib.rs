@@ -98,12 +98,14 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tower::{Layer, Service};
 
+pub mod declines;
 mod faults;
 mod ledger;
 mod routes;
 mod state;
 mod stats;
 
+pub use declines::{DeclineKind, parse_decline_mix};
 pub use faults::{
     DEFAULT_TIMEOUT_DELAY, Faults, FaultsError, MAX_RATE_LIMIT, Outage, OutageAnchor, parse_outage,
 };
@@ -154,6 +156,7 @@ impl PspSim {
 /// ledger's dedupe on, nothing in front of the ledger, a request log of
 /// [`REQUEST_LOG_CAPACITY`] requests.
 pub struct PspSimBuilder {
+    quotas: Option<redrive_policy::QuotaRules>,
     faults: Faults,
     seed: Option<u64>,
     ledger_dedupe: bool,
@@ -183,6 +186,7 @@ impl PspSimBuilder {
     /// See the type's `# Default`.
     pub const fn new() -> Self {
         PspSimBuilder {
+            quotas: None,
             faults: Faults::none(),
             seed: None,
             ledger_dedupe: true,
@@ -194,6 +198,14 @@ impl PspSimBuilder {
     /// The faults to start with (checked by [`PspSimBuilder::build`]).
     pub fn faults(mut self, faults: Faults) -> Self {
         self.faults = faults;
+        self
+    }
+
+    /// The per-card reattempt quotas reattempts are checked against (default: the networks'
+    /// figures, [`redrive_policy::QuotaRules::default`]). Give the client's own rules to check
+    /// that it keeps them.
+    pub fn reattempt_quotas(mut self, quotas: redrive_policy::QuotaRules) -> Self {
+        self.quotas = Some(quotas);
         self
     }
 
@@ -256,6 +268,9 @@ impl PspSimBuilder {
             faults.seed = self.seed;
         }
         let state = SimState::with_log_capacity(faults, self.ledger_dedupe, self.log_capacity)?;
+        if let Some(q) = self.quotas {
+            state.set_reattempt_quotas(q);
+        }
         let wrap = self.wrap.unwrap_or_else(|| Box::new(|r| r));
         let router = routes::build(state.clone(), wrap);
         Ok((state, router))

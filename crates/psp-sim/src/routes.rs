@@ -217,6 +217,35 @@ fn server_error(status: u16) -> Problem {
     )
 }
 
+fn reservation_key(r: &Reservation) -> String {
+    r.key().to_owned()
+}
+
+/// A 402 decline: `application/problem+json` with the network's advice as extension members
+/// (`network`, `response_code`, `category`, `advice_code`), the mix name as `decline_code`,
+/// and the `card`. redrive's `http` kind reads it with the `redrive` decline preset.
+fn declined(kind: crate::DeclineKind, card: &str) -> Response {
+    let a = kind.advice();
+    let body = json!({
+        "type": "about:blank",
+        "title": "Payment Required",
+        "status": 402,
+        "detail": format!("card declined ({kind})"),
+        "decline_code": kind.to_string(),
+        "network": a.network.as_str(),
+        "response_code": kind.response_code(),
+        "category": a.category,
+        "advice_code": a.advice_code.map(|m| format!("{m:02}")),
+        "card": card,
+    });
+    let mut resp = (StatusCode::PAYMENT_REQUIRED, body.to_string()).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    resp
+}
+
 fn idempotency_key(headers: &HeaderMap) -> Result<String, Problem> {
     let bad = |detail: &str| {
         Problem::new(StatusCode::BAD_REQUEST, "Bad Request", detail).field("Idempotency-Key")
@@ -295,6 +324,19 @@ async fn create_charge(State(sim): State<SimState>, headers: HeaderMap, body: By
         }
     };
     let reservation = Reservation::new(sim.clone(), key, token);
+    // The transaction is the body's `reference` (a reattempt may come with a new key), else
+    // the key; the card is the body's `card`, else the transaction.
+    let txn = request
+        .reference
+        .clone()
+        .unwrap_or_else(|| reservation_key(&reservation));
+    let card = request.card.clone().unwrap_or_else(|| txn.clone());
+    if let Some(kind) = sim.authorise(&txn, &card) {
+        // Declined: nothing is charged and nothing is kept under the key (the reservation
+        // is given back), so a repeat is a new authorisation.
+        drop(reservation);
+        return with_note(declined(kind, &card), Note::Declined);
+    }
     let processing = sim.faults().processing;
     sim.sleep(processing).await;
     let charge = reservation.commit(&request);

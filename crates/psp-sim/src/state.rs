@@ -34,6 +34,7 @@ struct Core {
     engine: FaultEngine,
     ledger: Ledger,
     rec: Recorder,
+    declines: crate::declines::DeclineBook,
 }
 
 impl Core {
@@ -78,6 +79,7 @@ impl SimState {
                     engine: FaultEngine::new(faults, seed, Duration::ZERO),
                     ledger: Ledger::new(ledger_dedupe),
                     rec: Recorder::new(log_capacity),
+                    declines: Default::default(),
                 }),
                 shutdown,
             }),
@@ -127,6 +129,24 @@ impl SimState {
         core.engine = FaultEngine::new(faults, seed, Duration::ZERO);
         core.ledger.clear();
         core.rec = Recorder::new(core.rec.capacity());
+        let quotas = core.declines.quotas().clone();
+        core.declines = crate::declines::DeclineBook::new(quotas);
+    }
+
+    /// The per-card reattempt quotas the simulator checks reattempts against (default: the
+    /// networks' figures, [`redrive_policy::QuotaRules::default`]). Clears the book.
+    pub fn set_reattempt_quotas(&self, quotas: redrive_policy::QuotaRules) {
+        self.core().declines = crate::declines::DeclineBook::new(quotas);
+    }
+
+    /// One authorisation of `key` for `card`: declined (and how) or not, by the faults'
+    /// decline rate and mix; checked against the networks' rules if it is a reattempt.
+    pub(crate) fn authorise(&self, key: &str, card: &str) -> Option<crate::DeclineKind> {
+        let mut core = self.core();
+        let now = core.elapsed();
+        let declined = core.engine.decline();
+        core.declines.authorise(key, card, now, declined);
+        declined
     }
 
     /// A snapshot of the counters.
@@ -139,6 +159,10 @@ impl SimState {
             duplicate_effects: core.ledger.duplicate_effects(),
             effects_max_per_key: core.ledger.effects_max_per_key(),
             ledger_dedupe: core.ledger.dedupe(),
+            declines_by_code: core.declines.by_code.clone(),
+            reattempts: core.declines.reattempts_total,
+            reattempt_violations: core.declines.violations,
+            reattempt_violations_by_card: core.declines.violations_by_card.clone(),
             ..core.rec.snapshot()
         }
     }
@@ -271,6 +295,10 @@ impl Reservation {
             token,
             done: false,
         }
+    }
+
+    pub(crate) fn key(&self) -> &str {
+        &self.key
     }
 
     pub(crate) fn commit(mut self, request: &ChargeRequest) -> Charge {

@@ -145,6 +145,20 @@ pub struct Stats {
     pub key_mismatches: u64,
     /// Faults injected, by kind.
     pub injected: Injected,
+    /// 402 declines answered, by kind (`visa1`, `mc24`, ...: the `--decline-mix` names).
+    #[serde(default)]
+    pub declines_by_code: BTreeMap<String, u64>,
+    /// Authorisations that were reattempts of a declined one (same key after a decline).
+    #[serde(default)]
+    pub reattempts: u64,
+    /// Reattempts against the card networks' rules, summed over cards: after a never-retry
+    /// decline (Visa category 1, MAC 03, MAC 21), before a MAC 24–30 wait was over, or beyond
+    /// the card's quota in a window (see [`crate::declines`]). A client that keeps the rules: 0.
+    #[serde(default)]
+    pub reattempt_violations: u64,
+    /// The same, per card (only cards with a violation).
+    #[serde(default)]
+    pub reattempt_violations_by_card: BTreeMap<String, u64>,
     /// Requests per 100 ms since the start, from 0 to the last slice with a
     /// request, empty slices included.
     pub timeline: Vec<TimelineBucket>,
@@ -166,6 +180,8 @@ pub(crate) enum Note {
     Replay,
     /// Replayed by the idempotency layer.
     LayerReplay,
+    /// A 402 decline.
+    Declined,
     /// 409 in flight.
     Conflict,
     /// 422 key mismatch.
@@ -297,7 +313,7 @@ impl Recorder {
         self.total += 1;
         *self.by_status.entry(status).or_insert(0) += 1;
         match note {
-            Note::Plain => {}
+            Note::Plain | Note::Declined => {}
             Note::Outage => self.injected.outage += 1,
             Note::RateLimited => self.injected.rate_limited += 1,
             Note::Error => self.injected.errors += 1,

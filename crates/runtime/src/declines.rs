@@ -62,12 +62,18 @@ pub(crate) fn may_follow_decline(job: &Job) -> bool {
         )
 }
 
-/// The job's last recorded decline, if any.
-pub(crate) async fn last_decline(db: &Db, job_id: i64) -> Result<Option<LastDecline>, StoreError> {
+/// The job's declines so far and the last one, if any.
+pub(crate) async fn last_decline(
+    db: &Db,
+    job_id: i64,
+) -> Result<(u32, Option<LastDecline>), StoreError> {
     let rows = db
         .run(move |s| async move { s.declines(job_id).await })
         .await?;
-    Ok(rows.last().map(LastDecline::from_row))
+    Ok((
+        u32::try_from(rows.len()).unwrap_or(u32::MAX),
+        rows.last().map(LastDecline::from_row),
+    ))
 }
 
 /// Before a call that follows a decline: `None` to call (a reattempt was counted, when the job

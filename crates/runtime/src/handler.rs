@@ -34,6 +34,11 @@ pub struct JobContext {
     /// Cancelled when the lease is lost or the worker must stop: return soon. (The runtime also
     /// drops the attempt's future then; the token lets long handlers clean up first.)
     pub cancel: CancellationToken,
+    /// Card declines this job got before this attempt. A reattempt after a decline is a new
+    /// authorisation: a PSP that stores its answers by idempotency key would replay the
+    /// decline, so send a key of its own, e.g. `KEY-rN` (the `http` kind does). A decline
+    /// made no charge, so the new key cannot charge twice.
+    pub declines: u32,
 }
 
 /// What one attempt came to.

@@ -902,10 +902,10 @@ impl Run {
         };
 
         // The card networks' rules before a call that follows a decline (declines.rs).
-        let mut last_decline = None;
+        let (mut declines_seen, mut last_decline) = (0, None);
         if declines::may_follow_decline(job) {
             match declines::last_decline(&self.w.db, job.id).await {
-                Ok(d) => last_decline = d,
+                Ok((n, d)) => (declines_seen, last_decline) = (n, d),
                 Err(e) => {
                     // Unknown whether this call would break a network rule: do not make it.
                     tracing::warn!(job = job.id, "reading the job's declines failed: {e}");
@@ -1031,6 +1031,7 @@ impl Run {
                 lease_token: lease.token,
                 payload: job.payload.clone(),
                 cancel: cancel.clone(),
+                declines: declines_seen,
             };
             let span = tracing::info_span!("attempt", job = job.id, kind = %job.kind,
                 attempt = ctx.attempt, class = tracing::field::Empty);
@@ -1104,6 +1105,7 @@ impl Run {
                     tracing::warn!(job = job.id, "recording the decline failed: {e}");
                 }
                 last_decline = Some(declines::LastDecline::of(&advice, now));
+                declines_seen += 1;
             }
             if let Some(dep) = &job.dependency
                 && let Err(e) = self

@@ -1048,7 +1048,8 @@ async fn declines_never_open_the_breaker() {
         .db(|s| async move { s.dependency("psp").await.unwrap() })
         .await;
     assert!(
-        dep.as_ref().is_none_or(|d| d.flow.state == BreakerState::Closed),
+        dep.as_ref()
+            .is_none_or(|d| d.flow.state == BreakerState::Closed),
         "{dep:?}"
     );
     let events = e

@@ -53,6 +53,12 @@ fn faults(a: &PspSimArgs) -> Result<Faults, FaultsError> {
         f.timeout_after_commit = x;
     }
     f.seed = a.seed;
+    if let Some(x) = a.decline_rate {
+        f.decline_rate = x;
+    }
+    if let Some(m) = &a.decline_mix {
+        f.decline_mix = redrive_psp_sim::parse_decline_mix(m)?;
+    }
     f.validate()?;
     Ok(f)
 }
@@ -66,6 +72,8 @@ fn flag_message(e: &FaultsError) -> String {
         "latency" | "latency_ms" => "--latency",
         "timeout_after_commit" => "--timeout-after-commit",
         "seed" => "--seed",
+        "decline_rate" => "--decline-rate",
+        "decline_mix" => "--decline-mix",
         f if f.starts_with("outage") => "--outage",
         _ => return e.to_string(),
     };
