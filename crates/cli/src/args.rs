@@ -127,6 +127,26 @@ pub(crate) enum Command {
     RunNow(RunNowArgs),
     /// The audit trail of operator actions, newest first.
     Audit(AuditArgs),
+    /// Card reattempt quotas: `quota show KEY`.
+    #[command(subcommand)]
+    Quota(QuotaCommand),
+}
+
+/// `redrive quota ...`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum QuotaCommand {
+    /// A card key's reattempts in each window of its network's quota (from the policies file).
+    Show(QuotaShowArgs),
+}
+
+/// `redrive quota show`.
+#[derive(Debug, Args)]
+pub(crate) struct QuotaShowArgs {
+    /// The card key (a job's `quota_key`).
+    pub(crate) key: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 /// `redrive idempotency ...`.
@@ -219,6 +239,10 @@ pub(crate) struct EnqueueArgs {
     /// Priority: lower runs first (-1000000..=1000000).
     #[arg(long, allow_negative_numbers = true)]
     pub(crate) priority: Option<i32>,
+    /// The card key the networks' reattempt quotas count against (a card fingerprint or
+    /// payment-method id; a card number is refused).
+    #[arg(long = "quota-key")]
+    pub(crate) quota_key: Option<String>,
     /// Print the job as JSON.
     #[arg(long)]
     pub(crate) json: bool,

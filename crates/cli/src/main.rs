@@ -119,5 +119,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Dependency(c) => cmd::operator::dependency(&global, c),
         Command::RunNow(a) => cmd::operator::run_now(&global, a),
         Command::Audit(a) => cmd::operator::audit(&global, a),
+        Command::Quota(c) => cmd::quota::run(&global, c),
     }
 }

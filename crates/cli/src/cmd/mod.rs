@@ -9,6 +9,7 @@ pub(crate) mod operator;
 pub(crate) mod policy;
 pub(crate) mod psp_sim;
 pub(crate) mod queue;
+pub(crate) mod quota;
 pub(crate) mod schedule;
 pub(crate) mod serve;
 pub(crate) mod simulate;

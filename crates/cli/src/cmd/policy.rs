@@ -25,8 +25,67 @@ fn show(global: &Global, args: PolicyShowArgs) -> anyhow::Result<ExitCode> {
         outln!("{}", serde_json::to_string_pretty(&e)?);
     } else {
         out!("{}", render(&policy, &e));
+        let set = match &args.file {
+            Some(path) => policies::load_file(path)?,
+            None => policies::load(global)?,
+        };
+        out!("{}", render_declines(&policy, set.quotas()));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The decline rows of the decision table, with this policy's wait and the quotas in force.
+fn render_declines(p: &RetryPolicy, quotas: &redrive_policy::QuotaRules) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "after a card decline (retry later = {}; per-card reattempt quotas {}):",
+        format_duration(p.decline_retry_later),
+        quotas
+            .iter()
+            .filter(|(_, w)| !w.is_empty())
+            .map(|(n, ws)| format!(
+                "{n} {}",
+                ws.iter()
+                    .map(|w| format!("{}/{}", w.max, format_duration(w.window)))
+                    .collect::<Vec<_>>()
+                    .join(" + ")
+            ))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let mut rows: Vec<Vec<String>> = vec![
+        ["advice", "rule", "then", "network rule"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect(),
+    ];
+    for (advice, rule, then, why) in redrive_policy::DECLINE_ROWS {
+        rows.push(vec![
+            (*advice).to_owned(),
+            (*rule).to_owned(),
+            (*then).to_owned(),
+            (*why).to_owned(),
+        ]);
+    }
+    let widths: Vec<usize> = (0..4)
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "  {:<w0$}  {:<w1$}  {:<w2$}  {}",
+            r[0],
+            r[1],
+            r[2],
+            r[3],
+            w0 = widths[0],
+            w1 = widths[1],
+            w2 = widths[2]
+        );
+    }
+    out
 }
 
 fn has_flags(a: &PolicyShowArgs) -> bool {

@@ -130,6 +130,7 @@ fn new_job(
         .map_err(|e| usage(format!("--policy: {e}")))?;
     let mut job = NewJob::new(a.queue.clone(), a.kind.clone(), payload.clone()).with_policy(policy);
     job.key = a.key.clone();
+    job.quota_key = a.quota_key.clone();
     job.priority = a.priority.unwrap_or(0);
     // `http` jobs default to the URL's host.
     job.dependency = a
@@ -161,6 +162,7 @@ pub(crate) fn flag_error(e: EnqueueError) -> anyhow::Error {
         "delay" => "delay",
         "priority" => "priority",
         "key" => "key",
+        "quota_key" => "quota-key",
         "dependency" => "dependency",
         "kind" => "kind",
         "policy" => "policy",
@@ -365,11 +367,26 @@ pub(crate) fn show(global: &Global, a: ShowArgs) -> anyhow::Result<ExitCode> {
             .into_iter()
             .map(shown_attempt)
             .collect();
+        let declines = store.declines(id).await?;
+        let quota = match &job.quota_key {
+            Some(k) => Some(
+                crate::cmd::quota::usage_of(
+                    &store,
+                    &policies::load(global)?,
+                    k,
+                    chrono::Utc::now(),
+                )
+                .await?,
+            ),
+            None => None,
+        };
         if a.json {
-            outln!(
-                "{}",
-                serde_json::to_string_pretty(&json!({"job": job, "attempts": attempts}))?
-            );
+            let mut v = json!({"job": job, "attempts": attempts});
+            if !declines.is_empty() || quota.is_some() {
+                v["declines"] = serde_json::to_value(&declines)?;
+                v["quota"] = serde_json::to_value(&quota)?;
+            }
+            outln!("{}", serde_json::to_string_pretty(&v)?);
             return Ok(ExitCode::SUCCESS);
         }
         outln!(
@@ -390,6 +407,9 @@ pub(crate) fn show(global: &Global, a: ShowArgs) -> anyhow::Result<ExitCode> {
         );
         outln!("  key        {}", job.key.as_deref().unwrap_or("-"));
         outln!("  dependency {}", job.dependency.as_deref().unwrap_or("-"));
+        if let Some(k) = &job.quota_key {
+            outln!("  quota key  {k}");
+        }
         outln!(
             "  attempts   {}/{} (exceptions {}, defers {}, replays {})",
             job.attempts,
@@ -410,6 +430,7 @@ pub(crate) fn show(global: &Global, a: ShowArgs) -> anyhow::Result<ExitCode> {
             outln!("  result     {r}");
         }
         print_attempts(&attempts)?;
+        crate::cmd::quota::print_declines(&declines, quota.as_ref())?;
         Ok(ExitCode::SUCCESS)
     })
 }
