@@ -52,7 +52,7 @@ pub(crate) async fn read_body(body: Body) -> Result<Bytes, ApiError> {
         })
 }
 
-const ENQUEUE_FIELDS: [&str; 10] = [
+const ENQUEUE_FIELDS: [&str; 11] = [
     "queue",
     "kind",
     "payload",
@@ -63,6 +63,7 @@ const ENQUEUE_FIELDS: [&str; 10] = [
     "dependency",
     "priority",
     "max_attempts",
+    "quota_key",
 ];
 
 /// An integer field: JSON Schema's `integer` admits `5.0`, so an integral float is accepted too.
@@ -166,6 +167,7 @@ pub(crate) fn parse_enqueue(
     let dependency: Option<String> = take(&mut obj, "dependency")?;
     let priority: Option<i32> = take_int(&mut obj, "priority")?;
     let max_attempts: Option<u32> = take_int(&mut obj, "max_attempts")?;
+    let quota_key: Option<String> = take(&mut obj, "quota_key")?;
 
     let policy_name = policy_name.as_deref().unwrap_or("payment");
     let policy = state
@@ -176,6 +178,7 @@ pub(crate) fn parse_enqueue(
     let mut job = NewJob::new(queue, kind.clone(), payload.clone()).with_policy(policy);
     job.key = key.or_else(|| header_key.map(str::to_owned));
     job.priority = priority.unwrap_or(0);
+    job.quota_key = quota_key;
     if let Some(n) = max_attempts {
         job.max_attempts = n;
     }

@@ -588,6 +588,11 @@ async fn job(State(state): State<AppState>, Path(id): Path<String>) -> Result<Re
         .ok_or(redrive_store::StoreError::NotFound(id))?;
     let attempts = store.attempts(id).await?;
     let now = Utc::now();
+    let declines = store.declines(id).await?;
+    let quota = match &j.quota_key {
+        Some(k) => quota_use(store, &state.inner.policies, k, now).await?,
+        None => Vec::new(),
+    };
     let payload = redrive_http::redact_payload(&j.payload);
     let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default();
     let body = html! {
@@ -619,6 +624,7 @@ async fn job(State(state): State<AppState>, Path(id): Path<String>) -> Result<Re
             tr { th { "Kind" } td { (j.kind) } }
             tr { th { "Key" } td { (j.key.as_deref().unwrap_or("—")) } }
             tr { th { "Dependency" } td { (j.dependency.as_deref().unwrap_or("—")) } }
+            @if let Some(k) = &j.quota_key { tr { th { "Quota key" } td #quota-key { (k) } } }
             tr { th { "Policy" } td { (j.policy) } }
             tr { th { "Priority" } td { (j.priority) } }
             tr { th { "Attempts" } td { (j.attempts) " of " (j.max_attempts) " (exceptions " (j.exceptions) ", defers " (j.defers) ")" } }
@@ -633,6 +639,31 @@ async fn job(State(state): State<AppState>, Path(id): Path<String>) -> Result<Re
         h2 { "Payload" span.muted { " (secret headers redacted)" } }
         pre #payload { (pretty(&payload)) }
         @if let Some(r) = &j.result { h2 { "Result" } pre { (pretty(&redact_value(r))) } }
+        @if !declines.is_empty() || j.quota_key.is_some() {
+            h2 { "Declines (" (declines.len()) ")" }
+            @if !declines.is_empty() {
+                table #declines {
+                    thead { tr { th { "Attempt" } th { "At" } th { "Network" } th { "Code" } th { "Category" } th { "Advice" } th { "Rule" } } }
+                    tbody { @for d in &declines {
+                        tr {
+                            td { "#" (d.attempt) } td { (fmt_time(d.at)) } td { (d.network.as_str()) }
+                            td { (d.code.as_deref().unwrap_or("—")) }
+                            td { (d.category.map_or("—".into(), |c| c.to_string())) }
+                            td { (d.advice_code.map_or("—".into(), |m| format!("MAC {m:02}"))) }
+                            td { strong { (d.rule) } }
+                        }
+                    } }
+                }
+            }
+            @if !quota.is_empty() {
+                p #quota { "Reattempt quota of this card: "
+                    @for (i, (network, used, max, window)) in quota.iter().enumerate() {
+                        @if i > 0 { " · " }
+                        (network) " " strong { (used) "/" (max) } " in " (window)
+                    }
+                }
+            }
+        }
         h2 { "Attempts (" (attempts.len()) ")" }
         @if attempts.is_empty() { p.muted { "No attempt yet." } }
         @else {
@@ -655,6 +686,39 @@ async fn job(State(state): State<AppState>, Path(id): Path<String>) -> Result<Re
         }
     };
     Ok(html_response(layout(&format!("Job {id}"), true, body)))
+}
+
+/// A card key's reattempts in each quota window: (network, used, max, window).
+async fn quota_use(
+    store: &redrive_store::Store,
+    set: &redrive_policy::PolicySet,
+    key: &str,
+    now: chrono::DateTime<Utc>,
+) -> Result<Vec<(String, usize, u32, String)>, redrive_store::StoreError> {
+    let span = |d: std::time::Duration| chrono::Duration::from_std(d).unwrap_or_default();
+    let longest = set
+        .quotas()
+        .iter()
+        .flat_map(|(_, w)| w.iter().map(|w| w.window))
+        .max()
+        .unwrap_or_default();
+    let taken = store.reattempts(key, now - span(longest)).await?;
+    let mut out = Vec::new();
+    for (network, windows) in set.quotas().iter() {
+        for w in windows {
+            let used = taken
+                .iter()
+                .filter(|r| r.network == network && r.at > now - span(w.window))
+                .count();
+            out.push((
+                network.as_str().to_owned(),
+                used,
+                w.max,
+                redrive_policy::format_duration(w.window),
+            ));
+        }
+    }
+    Ok(out)
 }
 
 async fn form_pairs(body: Body) -> Result<Vec<(String, String)>, ApiError> {

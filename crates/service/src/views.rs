@@ -106,6 +106,9 @@ pub struct JobView {
     pub updated_at: DateTime<Utc>,
     /// Finished.
     pub finished_at: Option<DateTime<Utc>>,
+    /// The card key the reattempt quotas count against, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quota_key: Option<String>,
 }
 
 impl From<Job> for JobView {
@@ -144,6 +147,7 @@ impl From<Job> for JobView {
             created_at: j.created_at,
             updated_at: j.updated_at,
             finished_at: j.finished_at,
+            quota_key: j.quota_key,
         }
     }
 }
@@ -255,6 +259,10 @@ pub struct EnqueueRequest {
     /// Attempts allowed (default: the policy's), 1..=10000.
     #[schema(minimum = 1, maximum = 10000)]
     pub max_attempts: Option<u32>,
+    /// The card key the networks' reattempt quotas count against: a card fingerprint or a
+    /// payment-method id. A card number (13–19 digits passing the Luhn check) is refused.
+    #[schema(min_length = 1, max_length = 255)]
+    pub quota_key: Option<String>,
 }
 
 /// What `POST /v1/jobs` did.

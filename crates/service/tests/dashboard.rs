@@ -746,3 +746,50 @@ async fn operator_controls_pause_a_queue_force_a_breaker_run_now_bulk_and_audit(
     );
     h.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_card_key_is_taken_by_the_api_a_card_number_refused_and_the_job_page_shows_declines() {
+    let h = sqlite(AppConfig::default()).await;
+    let bad = send(
+        &h.app(),
+        post_json(
+            "/v1/jobs",
+            r#"{"queue":"subs","kind":"noop","quota_key":"4242424242424242"}"#,
+        ),
+    )
+    .await;
+    assert!(matches!(bad.status.as_u16(), 400 | 422), "{}", bad.body);
+    assert_eq!(bad.json()["field"], "quota_key", "{}", bad.body);
+    assert!(!bad.body.contains("4242424242424242"), "{}", bad.body);
+    let r = send(
+        &h.app(),
+        post_json(
+            "/v1/jobs",
+            r#"{"queue":"subs","kind":"noop","quota_key":"pm_card_1"}"#,
+        ),
+    )
+    .await;
+    assert!(r.status.is_success(), "{}", r.body);
+    let id = r.json()["job"]["id"].as_i64().unwrap();
+    assert_eq!(r.json()["job"]["quota_key"], "pm_card_1");
+    h.store
+        .record_decline(&redrive_store::NewDecline {
+            job_id: id,
+            attempt: 1,
+            quota_key: Some("pm_card_1".into()),
+            advice: redrive_policy::DeclineAdvice::mastercard("51", Some(25)).unwrap(),
+            at: chrono::Utc::now(),
+        })
+        .await
+        .unwrap();
+    let page = send(&h.app(), get(&format!("/jobs/{id}"))).await.body;
+    assert!(page.contains("id=\"quota-key\""), "{page}");
+    assert!(page.contains("id=\"declines\""), "{page}");
+    assert!(
+        page.contains("MAC 25") && page.contains("retry_after 24h"),
+        "{page}"
+    );
+    assert!(page.contains("Reattempt quota of this card"), "{page}");
+    assert!(page.contains("<strong>0/15</strong>"), "{page}");
+    h.cleanup().await;
+}
