@@ -856,3 +856,66 @@ async fn the_request_log_has_each_arrival_in_utc_and_pages_over_http() {
     assert!(sim.request_log().is_empty());
     sim.shutdown().await;
 }
+
+#[tokio::test]
+async fn declines_set_by_the_faults_route_answer_402_with_advice_and_count_violations() {
+    let sim = start(Faults::none()).await;
+    let c = Client::new();
+    let bad = c
+        .post(format!("{}/_sim/faults", sim.url()))
+        .json(&json!({"decline_rate": 1.0, "decline_mix": "visa9:1"}))
+        .send()
+        .await
+        .unwrap();
+    problem(bad, StatusCode::UNPROCESSABLE_ENTITY, "decline_mix").await;
+    let set = c
+        .post(format!("{}/_sim/faults", sim.url()))
+        .json(&json!({"decline_rate": 1.0, "decline_mix": "visa1:1"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(set.status().is_success());
+    let now: Value = c
+        .get(format!("{}/_sim/faults", sim.url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(now["decline_mix"], "visa1:1");
+    let body = json!({"amount": 500, "currency": "EUR", "reference": "renewal-1", "card": "fp_1"});
+    let r = charge(&c, &sim, "renewal-1", body.clone()).await;
+    assert_eq!(r.status(), StatusCode::PAYMENT_REQUIRED);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        (
+            &v["network"],
+            &v["response_code"],
+            &v["category"],
+            &v["card"]
+        ),
+        (&json!("visa"), &json!("14"), &json!(1), &json!("fp_1"))
+    );
+    assert_eq!(
+        sim.stats().reattempt_violations,
+        0,
+        "a first attempt is no reattempt"
+    );
+    // A reattempt of the same transaction (a new key, as redrive sends): a violation.
+    let r = charge(&c, &sim, "renewal-1-r1", body).await;
+    assert_eq!(r.status(), StatusCode::PAYMENT_REQUIRED);
+    let s: Stats = c
+        .get(format!("{}/_sim/stats", sim.url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(s.declines_by_code.get("visa1"), Some(&2));
+    assert_eq!((s.reattempts, s.reattempt_violations), (1, 1));
+    assert_eq!(s.reattempt_violations_by_card.get("fp_1"), Some(&1));
+    assert_eq!(s.charges, 0, "a decline charges nothing");
+    sim.shutdown().await;
+}
