@@ -308,7 +308,7 @@ fn luhn(digits: &str) -> bool {
         }
         sum += d;
     }
-    sum % 10 == 0
+    sum.is_multiple_of(10)
 }
 
 pub(crate) fn name(field: &'static str, v: &str) -> crate::Result<()> {
