@@ -73,6 +73,20 @@ impl Attempted {
             error: Some(error.into()),
         }
     }
+    /// A card decline with the network's advice: the card networks' reattempt rules decide what
+    /// follows (see `redrive_policy::DeclineRule`), never the generic retry schedule.
+    ///
+    /// ```
+    /// use redrive_policy::{DeclineAdvice, Outcome};
+    /// use redrive_runtime::Attempted;
+    /// // What a PSP's decline said: Mastercard, response code 51, Merchant Advice Code 24.
+    /// let advice = DeclineAdvice::mastercard("51", Some(24)).unwrap();
+    /// let a = Attempted::declined(advice, "insufficient funds").with_status(402);
+    /// assert_eq!(a.outcome, Outcome::Declined(advice));
+    /// ```
+    pub fn declined(advice: redrive_policy::DeclineAdvice, error: impl Into<String>) -> Self {
+        Self::failure(Outcome::Declined(advice), error)
+    }
     /// The same, with the HTTP status that caused it.
     pub fn with_status(mut self, status: u16) -> Self {
         self.http_status = Some(status);
