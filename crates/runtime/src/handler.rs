@@ -34,6 +34,9 @@ pub struct JobContext {
     /// Cancelled when the lease is lost or the worker must stop: return soon. (The runtime also
     /// drops the attempt's future then; the token lets long handlers clean up first.)
     pub cancel: CancellationToken,
+    /// The W3C `traceparent` stored with the job (the request that enqueued it), if any. Send
+    /// [`crate::trace::outbound`]'s answer on outbound calls so the dependency's traces join.
+    pub traceparent: Option<String>,
 }
 
 /// What one attempt came to.

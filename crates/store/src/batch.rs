@@ -79,6 +79,7 @@ impl InsertRow {
             created_at: from_millis(self.now),
             updated_at: from_millis(self.now),
             finished_at: None,
+            traceparent: n.traceparent.clone(),
         }
     }
 }

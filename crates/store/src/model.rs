@@ -130,6 +130,9 @@ pub struct NewJob {
     pub max_attempts: u32,
     /// Total time allowed from enqueue (or replay); the deadline is computed from it.
     pub ttl: Option<Duration>,
+    /// The W3C `traceparent` of the request that enqueued the job (its attempts join that
+    /// trace); `00-<32 hex>-<16 hex>-<2 hex>`.
+    pub traceparent: Option<String>,
 }
 
 impl NewJob {
@@ -150,11 +153,17 @@ impl NewJob {
             policy: "payment".into(),
             max_attempts: 15,
             ttl: None,
+            traceparent: None,
         }
     }
     /// Sets the idempotency key.
     pub fn key(mut self, key: impl Into<String>) -> Self {
         self.key = Some(key.into());
+        self
+    }
+    /// Sets the W3C `traceparent` the job's attempts join ([`NewJob::validate`] checks it).
+    pub fn traceparent(mut self, tp: impl Into<String>) -> Self {
+        self.traceparent = Some(tp.into());
         self
     }
     /// Sets the dependency.
@@ -218,6 +227,18 @@ impl NewJob {
                 field: "max_attempts",
                 value: self.max_attempts.to_string(),
                 reason: format!("must be 1..={MAX_MAX_ATTEMPTS}"),
+            });
+        }
+        if let Some(tp) = &self.traceparent
+            && let Err(e) = crate::TraceParent::parse(tp)
+        {
+            return Err(crate::StoreError::Invalid {
+                field: "traceparent",
+                value: e.value,
+                reason: format!(
+                    "not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>): {}",
+                    e.reason
+                ),
             });
         }
         if let Some(ttl) = self.ttl
@@ -351,6 +372,8 @@ pub struct Job {
     pub updated_at: Timestamp,
     /// Finished.
     pub finished_at: Option<Timestamp>,
+    /// The W3C `traceparent` the job was enqueued with, if any.
+    pub traceparent: Option<String>,
 }
 
 impl Job {
@@ -625,6 +648,8 @@ pub struct QueueCount {
 pub struct Rescued {
     /// The job.
     pub id: JobId,
+    /// Its queue.
+    pub queue: String,
     /// Whether it died (`lease_expired`) because it had no attempts left.
     pub dead: bool,
 }

@@ -9,7 +9,8 @@ use crate::{Result, StoreError};
 pub(crate) const JOB_COLS: &str = "id, queue, kind, payload, idempotency_key, dependency, priority, \
     state, attempts, exceptions, defers, consecutive_auth, prev_delay_ms, max_attempts, policy, \
     run_at, first_attempt_at, ttl_ms, deadline, lease_owner, lease_token, lease_expires_at, \
-    defer_reason, dead_reason, last_error, result, replays, created_at, updated_at, finished_at";
+    defer_reason, dead_reason, last_error, result, replays, created_at, updated_at, finished_at, \
+    traceparent";
 
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct JobRow {
@@ -43,6 +44,7 @@ pub(crate) struct JobRow {
     created_at: i64,
     updated_at: i64,
     finished_at: Option<i64>,
+    traceparent: Option<String>,
 }
 
 fn u32_of(what: &'static str, v: i64) -> Result<u32> {
@@ -111,6 +113,7 @@ impl JobRow {
             created_at: from_millis(self.created_at),
             updated_at: from_millis(self.updated_at),
             finished_at: self.finished_at.map(from_millis),
+            traceparent: self.traceparent,
         })
     }
 }

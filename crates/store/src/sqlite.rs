@@ -178,6 +178,7 @@ impl SqliteStore {
                     r.run_at,
                     r.ttl,
                     r.deadline,
+                    j.traceparent,
                 ])
             })
             .collect();
@@ -267,12 +268,13 @@ fn json_text(v: &impl serde::Serialize) -> Result<String> {
 }
 
 /// Rows are `[queue, kind, payload, key, dependency, priority, state, max_attempts, policy,
-/// run_at, ttl_ms, deadline]`, inserted in array order (so ids follow input order).
+/// run_at, ttl_ms, deadline, traceparent]`, inserted in array order (so ids follow input order).
 const INSERT_JSON: &str = "INSERT INTO redrive_jobs (queue, kind, payload, idempotency_key, \
     dependency, priority, state, max_attempts, policy, run_at, ttl_ms, deadline, created_at, \
-    updated_at) \
+    updated_at, traceparent) \
     SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, \
-    value ->> 6, value ->> 7, value ->> 8, value ->> 9, value ->> 10, value ->> 11, $2, $2 \
+    value ->> 6, value ->> 7, value ->> 8, value ->> 9, value ->> 10, value ->> 11, $2, $2, \
+    value ->> 12 \
     FROM json_each($1) WHERE true ORDER BY key \
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
     RETURNING id, queue, idempotency_key";
