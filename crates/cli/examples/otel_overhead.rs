@@ -55,6 +55,7 @@ fn main() -> anyhow::Result<()> {
     };
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
+        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
         .with_endpoint(endpoint)
         .build()?;
     let processor = BatchSpanProcessor::builder(exporter)
@@ -71,11 +72,15 @@ fn main() -> anyhow::Result<()> {
         .build();
     let otel = tracing_opentelemetry::layer()
         .with_tracer(provider.tracer("redrive"))
-        .with_filter(tracing_subscriber::filter::filter_fn(|m| {
-            ON.load(Ordering::Relaxed)
-                && m.target().starts_with("redrive")
-                && *m.level() <= tracing::Level::INFO
-        }));
+        .with_filter(
+            tracing_subscriber::filter::DynFilterFn::new(|m, _| {
+                ON.load(Ordering::Relaxed)
+                    && m.target().starts_with("redrive")
+                    && *m.level() <= tracing::Level::INFO
+            })
+            // Asked at every span, not once per call site: the switch changes between rounds.
+            .with_callsite_filter(|_| tracing::subscriber::Interest::sometimes()),
+        );
     tracing_subscriber::registry().with(otel).init();
 
     let mut off = Vec::new();

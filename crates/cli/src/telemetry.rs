@@ -148,6 +148,7 @@ pub(crate) fn init(format: LogFormat, default: &str) -> Guard {
 #[cfg(feature = "otel")]
 mod otel {
     use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_otlp::WithExportConfig as _;
     use opentelemetry_sdk::trace::SdkTracerProvider;
     use tracing_subscriber::Layer;
     use tracing_subscriber::filter::{LevelFilter, Targets};
@@ -166,8 +167,26 @@ mod otel {
         if !configured {
             return Ok(None);
         }
+        // The specification's default is http/protobuf (the crate's, with JSON built in too,
+        // would be JSON): choose it unless the environment says otherwise.
+        let protocol = [
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ]
+        .iter()
+        .find_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty()));
+        let protocol = match protocol.as_deref() {
+            None | Some("http/protobuf") => opentelemetry_otlp::Protocol::HttpBinary,
+            Some("http/json") => opentelemetry_otlp::Protocol::HttpJson,
+            Some(other) => {
+                return Err(format!(
+                    "OTEL_EXPORTER_OTLP_PROTOCOL={other:?}: this build exports over http/protobuf or http/json"
+                ));
+            }
+        };
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
+            .with_protocol(protocol)
             .build()
             .map_err(|e| format!("building the OTLP exporter: {e}"))?;
         let provider = SdkTracerProvider::builder()
