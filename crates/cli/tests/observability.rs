@@ -271,7 +271,7 @@ fn a_real_run_exports_the_contract_and_everything_the_board_and_alerts_use() {
         }
         let series = match *kind {
             "histogram" => format!("{name}_bucket{{"),
-            _ => format!("{name}"),
+            _ => name.to_string(),
         };
         if !body.lines().any(|l| l.starts_with(&series)) {
             missing.push(format!("{name}: no series {series}"));
