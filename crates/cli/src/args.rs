@@ -50,6 +50,16 @@ pub(crate) struct Global {
         value_name = "NAME"
     )]
     pub(crate) redact: Vec<String>,
+    /// Log lines on stderr: `text` (coloured only on a terminal) or `json` (one object a line,
+    /// for a log pipeline). Secrets are redacted in both. Levels: RUST_LOG.
+    #[arg(
+        long = "log-format",
+        global = true,
+        env = "REDRIVE_LOG_FORMAT",
+        default_value = "text",
+        value_parser = ["text", "json"]
+    )]
+    pub(crate) log_format: String,
 }
 
 /// Where `http` jobs may connect (`work`, `serve`): added to the policies file's `[egress]`.
@@ -270,6 +280,10 @@ pub(crate) struct WorkArgs {
     /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9090 or localhost:9090).
     #[arg(long = "metrics-addr", value_parser = parse_addr)]
     pub(crate) metrics_addr: Option<std::net::SocketAddr>,
+    /// How often one background task reads the gauges that need the database
+    /// (`redrive_jobs`, `redrive_oldest_available_seconds`); a scrape never queries.
+    #[arg(long = "metrics-refresh", default_value = "5s", value_parser = parse_positive_duration)]
+    pub(crate) metrics_refresh: std::time::Duration,
     /// After SIGINT/SIGTERM, how long running attempts may take to finish.
     #[arg(long = "shutdown-grace", default_value = "30s", value_parser = parse_duration)]
     pub(crate) shutdown_grace: std::time::Duration,
@@ -425,6 +439,10 @@ pub(crate) struct ServeArgs {
     /// Run this many workers in the same process (0: enqueue and show only).
     #[arg(long, default_value_t = 0)]
     pub(crate) workers: u32,
+    /// How often one background task reads the gauges of `/metrics` that need the database
+    /// (`redrive_jobs`, `redrive_oldest_available_seconds`); a scrape never queries.
+    #[arg(long = "metrics-refresh", default_value = "5s", value_parser = parse_positive_duration)]
+    pub(crate) metrics_refresh: std::time::Duration,
     /// With --workers: the queues they work (repeatable); default: every queue.
     #[arg(long = "queue", requires = "workers")]
     pub(crate) queues: Vec<String>,

@@ -3,9 +3,9 @@
 //!
 //! Exit codes: 0 on success, 2 on a usage error, 1 on any other error, with a
 //! one-line message on stderr (secrets redacted). A closed stdout (`| head`) ends a command
-//! quietly with 0. Log lines are coloured only when stderr is a terminal.
+//! quietly with 0. Log lines (stderr) are text coloured only when stderr is a terminal, or JSON
+//! with `--log-format json`; with the `otel` feature spans are exported over OTLP.
 
-use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -15,6 +15,7 @@ mod cmd;
 mod error;
 mod out;
 mod policies;
+mod telemetry;
 
 use args::{Cli, Command};
 use error::UsageError;
@@ -57,14 +58,8 @@ fn main() -> ExitCode {
     } else {
         "warn"
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .try_init();
     redrive_http::redact::add_secret_names(&cli.global.redact);
+    let _telemetry = telemetry::init(telemetry::LogFormat::parse(&cli.global.log_format), default);
     match run(cli) {
         Ok(code) => code,
         Err(err) if out::is_closed_stdout(&err) => ExitCode::SUCCESS,

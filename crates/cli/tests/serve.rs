@@ -66,7 +66,7 @@ fn request(addr: &str, method: &str, path: &str, headers: &[&str], body: &str) -
 fn serve_answers_health_api_and_metrics() {
     let dir = tempfile::tempdir().unwrap();
     let db = format!("sqlite:{}", dir.path().join("q.db").display());
-    let (_server, addr) = start(&db, &["--token", "t0k"]);
+    let (_server, addr) = start(&db, &["--token", "t0k", "--metrics-refresh", "50ms"]);
     assert_eq!(request(&addr, "GET", "/healthz", &[], "").0, 200);
     assert_eq!(request(&addr, "GET", "/readyz", &[], "").0, 200);
     let (status, res) = request(&addr, "GET", "/v1/jobs", &[], "");
@@ -85,12 +85,17 @@ fn serve_answers_health_api_and_metrics() {
     // With a token, /metrics needs it too.
     let (status, res) = request(&addr, "GET", "/metrics", &[], "");
     assert_eq!(status, 401, "{res}");
-    let (status, res) = request(&addr, "GET", "/metrics", &["Authorization: Bearer t0k"], "");
-    assert_eq!(status, 200, "{res}");
-    assert!(
-        res.contains("redrive_jobs{queue=\"cli\",state=\"available\"} 1"),
-        "{res}"
-    );
+    // The gauges are refreshed by a background task (every 50 ms here), not by the scrape.
+    let t = std::time::Instant::now();
+    loop {
+        let (status, res) = request(&addr, "GET", "/metrics", &["Authorization: Bearer t0k"], "");
+        assert_eq!(status, 200, "{res}");
+        if res.contains("redrive_jobs{queue=\"cli\",state=\"available\"} 1") {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "{res}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// `serve` with `extra` after `--addr 0.0.0.0:0`: refused before anything is bound.

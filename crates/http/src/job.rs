@@ -35,6 +35,7 @@ use redrive_policy::{Outcome, StatusTable, retry_after_clamped};
 use redrive_runtime::{Attempted, Handler, JobContext};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tracing::Instrument;
 
 use crate::declines::DeclineMap;
 use crate::egress::{EgressPolicy, EgressResolver, MAX_REDIRECTS, RedirectMode, denial_in};
@@ -264,13 +265,26 @@ impl HttpJob {
     }
 
     async fn call(self, ctx: JobContext) -> Attempted {
-        let (p, req) = match self.prepare(&ctx) {
+        // The outbound call is a span of its own (a child of the attempt's), and its context
+        // goes out as `traceparent` so the dependency's traces join the job's.
+        let span = tracing::info_span!(
+            "http call",
+            otel.kind = "client",
+            http.request.method = tracing::field::Empty,
+            url.full = tracing::field::Empty,
+            http.response.status_code = tracing::field::Empty
+        );
+        let traceparent =
+            span.in_scope(|| redrive_runtime::trace::outbound(ctx.traceparent.as_deref()));
+        let (p, req) = match self.prepare(&ctx, traceparent.as_deref()) {
             Ok(x) => x,
             Err(a) => return a,
         };
         let shown = format!("{} {}", p.method, redact_url(&p.url));
+        span.record("http.request.method", p.method.as_str());
+        span.record("url.full", redact_url(&p.url).as_str());
         let resp = tokio::select! {
-            r = self.client.execute(req) => r,
+            r = self.client.execute(req).instrument(span.clone()) => r,
             _ = ctx.cancel.cancelled() => return Attempted::failure(Outcome::Exception, "lease lost; call abandoned"),
         };
         let resp = match resp {
@@ -278,6 +292,7 @@ impl HttpJob {
             Err(e) => return send_failure(&shown, &e),
         };
         let code = resp.status().as_u16();
+        span.record("http.response.status_code", code);
         let retry_after = resp
             .headers()
             .get(reqwest::header::RETRY_AFTER)
@@ -311,7 +326,11 @@ impl HttpJob {
 
     /// Parses the payload and builds the request; what fails here never left the process.
     #[allow(clippy::result_large_err)]
-    fn prepare(&self, ctx: &JobContext) -> Result<(HttpPayload, reqwest::Request), Attempted> {
+    fn prepare(
+        &self,
+        ctx: &JobContext,
+        traceparent: Option<&str>,
+    ) -> Result<(HttpPayload, reqwest::Request), Attempted> {
         let p = HttpPayload::parse(&ctx.payload)
             .map_err(|e| Attempted::failure(Outcome::Permanent, e.to_string()))?;
         let mut key = ctx
@@ -338,6 +357,15 @@ impl HttpJob {
             .header("Idempotency-Key", &key);
         for (k, v) in &p.headers {
             req = req.header(k, v);
+        }
+        // W3C trace context, unless the payload sets its own.
+        if let Some(tp) = traceparent
+            && !p
+                .headers
+                .keys()
+                .any(|k| k.eq_ignore_ascii_case("traceparent"))
+        {
+            req = req.header("traceparent", tp);
         }
         req = match &p.body {
             None => req,

@@ -34,7 +34,7 @@
 //! | `GET /_sim/faults` | the faults in force (see [`Faults`] for the JSON) |
 //! | `POST /_sim/faults` | replace every fault (left-out fields are off; `seed` reseeds); 200 with the faults now in force, 422 naming a bad field |
 //! | `GET /_sim/stats` | [`Stats`] as JSON |
-//! | `GET /_sim/requests?after=SEQ&limit=N` | the request log, oldest first: a [`RequestPage`] of [`RequestRecord`]s (`seq`, `at` wall-clock UTC, `t_us` since the start, `method`, `path`, `key`, `status`, `replayed_by`) with `seq > after` (default 0), at most `limit` (default 1,000, at most 10,000); `next` is the cursor of the following page, `null` at the end; 400 naming an unknown or bad parameter |
+//! | `GET /_sim/requests?after=SEQ&limit=N` | the request log, oldest first: a [`RequestPage`] of [`RequestRecord`]s (`seq`, `at` wall-clock UTC, `t_us` since the start, `method`, `path`, `key`, `status`, `replayed_by`, `traceparent`) with `seq > after` (default 0), at most `limit` (default 1,000, at most 10,000); `next` is the cursor of the following page, `null` at the end; 400 naming an unknown or bad parameter |
 //! | `POST /_sim/reset` | 204; clears ledger and counters, restarts the clock, reseeds with the current seed |
 //!
 //! Errors are `application/problem+json` with `type`, `title`, `status`,

@@ -156,7 +156,14 @@ async fn faults_mw(State(sim): State<SimState>, req: Request, next: Next) -> Res
         None
     };
     let (method, path) = (req.method().to_string(), req.uri().path().to_owned());
-    let (arrival, faults, verdict) = sim.arrive(&method, &path, charge_key);
+    let traceparent = req
+        .headers()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .filter(|t| t.len() <= 128)
+        .map(str::to_owned);
+    let (mut arrival, faults, verdict) = sim.arrive(&method, &path, charge_key);
+    arrival.traceparent = traceparent;
     let (resp, note) = match verdict {
         Verdict::Pass => {
             let resp = next.run(req).await;

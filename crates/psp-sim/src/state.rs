@@ -234,6 +234,7 @@ impl SimState {
             method: method.to_owned(),
             path: path.to_owned(),
             key: charge_key,
+            traceparent: None,
         };
         (arrival, core.engine.faults().clone(), verdict)
     }

@@ -56,6 +56,10 @@ pub struct RequestRecord {
     /// Set when the answer was a stored response (no charge was run for it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replayed_by: Option<ReplayedBy>,
+    /// The W3C `traceparent` header the request carried (at most 128 bytes), if any: which
+    /// trace the caller's call belonged to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// One page of the request log.
@@ -198,6 +202,7 @@ pub(crate) struct Arrival {
     pub(crate) method: String,
     pub(crate) path: String,
     pub(crate) key: Option<String>,
+    pub(crate) traceparent: Option<String>,
 }
 
 /// The mutable counters behind [`Stats`] (charges come from the ledger).
@@ -287,6 +292,7 @@ impl Recorder {
             key: a.key,
             status,
             replayed_by,
+            traceparent: a.traceparent,
         });
     }
 
@@ -387,6 +393,7 @@ mod tests {
             method: "POST".into(),
             path: "/v1/charges".into(),
             key: Some(key.into()),
+            traceparent: None,
         }
     }
 

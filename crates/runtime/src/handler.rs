@@ -39,6 +39,9 @@ pub struct JobContext {
     /// decline, so send a key of its own, e.g. `KEY-rN` (the `http` kind does). A decline
     /// made no charge, so the new key cannot charge twice.
     pub declines: u32,
+    /// The W3C `traceparent` stored with the job (the request that enqueued it), if any. Send
+    /// [`crate::trace::outbound`]'s answer on outbound calls so the dependency's traces join.
+    pub traceparent: Option<String>,
 }
 
 /// What one attempt came to.

@@ -46,6 +46,7 @@ mod fleet;
 mod handler;
 mod maintenance;
 pub mod metrics;
+pub mod trace;
 mod worker;
 
 pub use clock::TokioClock;

@@ -1,8 +1,20 @@
 //! redrive's Prometheus metrics (a contract), recorded through the `metrics` facade. Install a
 //! recorder (e.g. `metrics_exporter_prometheus`) to see them; without one they cost next to
 //! nothing.
+//!
+//! For a Prometheus that aggregates a fleet, build the exporter with [`prometheus_builder`]
+//! (every duration is a histogram with explicit buckets, never a summary) and call
+//! [`describe`] once the recorder is installed (a `# HELP` line for every metric). The gauges
+//! that need the database ([`JOBS`], [`OLDEST_AVAILABLE_SECONDS`]) are set by one background
+//! task ([`spawn_gauges`], or the worker's own loop), never by a scrape.
 
+use std::collections::BTreeSet;
+use std::sync::Mutex;
 use std::time::Duration;
+
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
+use redrive_policy::Timestamp;
+use tokio_util::sync::CancellationToken;
 
 use redrive_policy::BreakerState;
 use redrive_store::{QueueCount, Store};
@@ -32,6 +44,204 @@ pub const PRUNED_TOTAL: &str = "redrive_pruned_total";
 /// `redrive_scheduled_jobs_total{schedule}`: jobs enqueued by a schedule's ticks (one per
 /// tick fleet-wide; counted by the process that made it).
 pub const SCHEDULED_JOBS_TOTAL: &str = "redrive_scheduled_jobs_total";
+
+/// `redrive_queue_latency_seconds{queue}` (histogram): how long a job waited from its due
+/// time (`run_at`) until a worker started it.
+pub const QUEUE_LATENCY_SECONDS: &str = "redrive_queue_latency_seconds";
+/// `redrive_oldest_available_seconds{queue}`: the age of the oldest job due and not yet
+/// started, per queue that is not paused (0: none waiting), from the store.
+pub const OLDEST_AVAILABLE_SECONDS: &str = "redrive_oldest_available_seconds";
+/// `redrive_dependency_inflight{dependency}`: calls to the dependency running now in this
+/// process (sum over the fleet in Prometheus).
+pub const DEPENDENCY_INFLIGHT: &str = "redrive_dependency_inflight";
+/// `redrive_jobs_rescued_total{queue}`: jobs whose lease expired and that this process handed
+/// back to the queue (or ended as `lease_expired`).
+pub const JOBS_RESCUED_TOTAL: &str = "redrive_jobs_rescued_total";
+/// `redrive_enqueued_total{queue,kind}`: jobs created by this process's enqueues (a repeat of
+/// an idempotency key that returns the existing job is not counted). Counted by the store.
+pub const ENQUEUED_TOTAL: &str = redrive_store::ENQUEUED_TOTAL;
+
+/// Buckets of [`JOB_DURATION_SECONDS`]: an attempt's handler, 5 ms to a minute.
+pub const ATTEMPT_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+/// Buckets of [`RETRY_DELAY_SECONDS`]: a retry in process (under a second) to a defer of a day.
+pub const RETRY_DELAY_BUCKETS: &[f64] = &[
+    0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0,
+];
+/// Buckets of [`QUEUE_LATENCY_SECONDS`]: a few milliseconds (idle workers) to an hour (backlog).
+pub const QUEUE_LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+];
+
+/// Every metric of the contract: name, kind and help text ([`describe`] registers them).
+pub const ALL: &[(&str, Kind, &str)] = &[
+    (
+        ATTEMPTS_TOTAL,
+        Kind::Counter,
+        "Handler calls (attempts) by queue, kind and outcome class.",
+    ),
+    (
+        JOBS_FINISHED_TOTAL,
+        Kind::Counter,
+        "Jobs that succeeded or died, by queue, kind, state and dead reason.",
+    ),
+    (
+        RETRY_DELAY_SECONDS,
+        Kind::Histogram,
+        "Delays chosen after a failure: mode=retry (waited in process) or mode=defer (handed back to the queue).",
+    ),
+    (
+        BREAKER_STATE,
+        Kind::Gauge,
+        "Circuit breaker state per dependency: 0 closed, 1 open, 2 half-open.",
+    ),
+    (
+        BREAKER_TRANSITIONS_TOTAL,
+        Kind::Counter,
+        "Circuit breaker transitions per dependency, from one state to another.",
+    ),
+    (
+        JOBS,
+        Kind::Gauge,
+        "Jobs per queue and state, fleet-wide, read from the store by one background task.",
+    ),
+    (
+        JOB_DURATION_SECONDS,
+        Kind::Histogram,
+        "How long one attempt's handler ran, by queue and kind.",
+    ),
+    (
+        DEPENDENCY_RATE_LIMIT,
+        Kind::Gauge,
+        "Rate limit in force toward a dependency in requests per second, configured or learned from 429s (0: none).",
+    ),
+    (
+        LEASE_LOST_TOTAL,
+        Kind::Counter,
+        "Claims whose lease was lost before their result was written (nothing written).",
+    ),
+    (
+        PRUNED_TOTAL,
+        Kind::Counter,
+        "Finished jobs deleted by retention, by state.",
+    ),
+    (
+        SCHEDULED_JOBS_TOTAL,
+        Kind::Counter,
+        "Jobs enqueued by a schedule's ticks.",
+    ),
+    (
+        QUEUE_LATENCY_SECONDS,
+        Kind::Histogram,
+        "How long a job waited from its due time until a worker started it, by queue.",
+    ),
+    (
+        OLDEST_AVAILABLE_SECONDS,
+        Kind::Gauge,
+        "Age in seconds of the oldest job due and not yet started, per queue (0: none waiting).",
+    ),
+    (
+        DEPENDENCY_INFLIGHT,
+        Kind::Gauge,
+        "Calls to a dependency running now in this process.",
+    ),
+    (
+        JOBS_RESCUED_TOTAL,
+        Kind::Counter,
+        "Jobs whose lease expired (their worker stopped heartbeating) handed back by this process, by queue.",
+    ),
+    (
+        ENQUEUED_TOTAL,
+        Kind::Counter,
+        "Jobs created by this process's enqueues, by queue and kind.",
+    ),
+    (
+        DECLINES_TOTAL,
+        Kind::Counter,
+        "Card declines returned by handlers, by dependency, network and category (Visa 1-4, mac_NN, none).",
+    ),
+    (
+        REATTEMPTS_BLOCKED_TOTAL,
+        Kind::Counter,
+        "Authorisations not sent because the card networks' rules forbid them now, by reason (quota, advice_wait, do_not_retry).",
+    ),
+];
+
+/// What kind of metric a contract name is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Only goes up (`_total`).
+    Counter,
+    /// Set to a value.
+    Gauge,
+    /// Observations in buckets (`_bucket`, `_sum`, `_count`).
+    Histogram,
+}
+
+/// A Prometheus exporter builder with redrive's histogram buckets ([`ATTEMPT_BUCKETS`],
+/// [`RETRY_DELAY_BUCKETS`], [`QUEUE_LATENCY_BUCKETS`]): histograms aggregate over a fleet,
+/// summaries do not. Add a listener or install it as you need, then call [`describe`].
+pub fn prometheus_builder() -> Result<PrometheusBuilder, BuildError> {
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(JOB_DURATION_SECONDS.into()), ATTEMPT_BUCKETS)?
+        .set_buckets_for_metric(
+            Matcher::Full(RETRY_DELAY_SECONDS.into()),
+            RETRY_DELAY_BUCKETS,
+        )?
+        .set_buckets_for_metric(
+            Matcher::Full(QUEUE_LATENCY_SECONDS.into()),
+            QUEUE_LATENCY_BUCKETS,
+        )
+}
+
+/// Registers the help text of every metric with the installed recorder (a `# HELP` line each
+/// once it has a value), and starts the counters without labels at 0.
+pub fn describe() {
+    for &(name, kind, help) in ALL {
+        match kind {
+            Kind::Counter => metrics::describe_counter!(name, help),
+            Kind::Gauge => metrics::describe_gauge!(name, help),
+            Kind::Histogram => metrics::describe_histogram!(name, help),
+        }
+    }
+    metrics::counter!(LEASE_LOST_TOTAL).increment(0);
+}
+
+/// Starts the per-queue counters of `queues` at 0, so that a rate over them is defined before
+/// their first event (Prometheus cannot tell a missing series from a quiet one).
+pub fn start_queues(queues: &[String]) {
+    for q in queues {
+        metrics::counter!(JOBS_RESCUED_TOTAL, "queue" => q.clone()).increment(0);
+    }
+}
+
+pub(crate) fn queue_latency(queue: &str, waited: Duration) {
+    metrics::histogram!(QUEUE_LATENCY_SECONDS, "queue" => queue.to_owned())
+        .record(waited.as_secs_f64());
+}
+
+pub(crate) fn rescued(queue: &str) {
+    metrics::counter!(JOBS_RESCUED_TOTAL, "queue" => queue.to_owned()).increment(1);
+}
+
+/// Counts a call to `dependency` in flight while it lives.
+#[derive(Debug)]
+pub(crate) struct Inflight(metrics::Gauge);
+
+impl Inflight {
+    pub(crate) fn start(dependency: &str) -> Self {
+        let g = metrics::gauge!(DEPENDENCY_INFLIGHT, "dependency" => dependency.to_owned());
+        g.increment(1.0);
+        Self(g)
+    }
+}
+
+impl Drop for Inflight {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
+}
 
 pub(crate) fn pruned(state: &'static str, jobs: u64) {
     metrics::counter!(PRUNED_TOTAL, "state" => state).increment(jobs);
@@ -79,17 +289,24 @@ pub(crate) fn breaker_state(dependency: &str, state: BreakerState) {
     metrics::gauge!(BREAKER_STATE, "dependency" => dependency.to_owned()).set(state.gauge());
 }
 
-/// Sets `redrive_jobs{queue,state}` from the store's counts (every state of every queue that
-/// has jobs; states that emptied are set to 0).
+/// The queues this process has published gauges for: a queue that emptied (or was pruned
+/// away) is set to 0 rather than left at its last value.
+static SEEN: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+
+/// Sets `redrive_jobs{queue,state}` from the store's counts (every state of every queue seen
+/// so far; states and queues that emptied are set to 0).
 pub async fn publish_counts(store: &Store) -> Result<Vec<QueueCount>, redrive_store::StoreError> {
     let counts = store.counts().await?;
-    let mut queues: Vec<&str> = counts.iter().map(|c| c.queue.as_str()).collect();
-    queues.dedup();
-    for q in queues {
+    let queues: Vec<String> = {
+        let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+        seen.extend(counts.iter().map(|c| c.queue.clone()));
+        seen.iter().cloned().collect()
+    };
+    for q in &queues {
         for state in redrive_store::JobState::ALL {
             let n = counts
                 .iter()
-                .find(|c| c.queue == q && c.state == state)
+                .find(|c| &c.queue == q && c.state == state)
                 .map_or(0, |c| c.count);
             metrics::gauge!(JOBS, "queue" => q.to_owned(), "state" => state.as_str()).set(n as f64);
         }
@@ -117,4 +334,52 @@ pub(crate) fn declined(dependency: &str, network: &str, category: String) {
 
 pub(crate) fn reattempt_blocked(reason: &'static str) {
     metrics::counter!(REATTEMPTS_BLOCKED_TOTAL, "reason" => reason).increment(1);
+/// Every gauge that needs the database: [`publish_counts`], then
+/// `redrive_oldest_available_seconds{queue}` (0 for a queue seen with nothing waiting). Two
+/// queries; call it from one task at an interval ([`spawn_gauges`]), never per scrape.
+pub async fn publish_gauges(
+    store: &Store,
+    now: Timestamp,
+) -> Result<Vec<QueueCount>, redrive_store::StoreError> {
+    let counts = publish_counts(store).await?;
+    let oldest = store.oldest_due(now).await?;
+    let queues: Vec<String> = SEEN
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .cloned()
+        .collect();
+    for q in queues {
+        let age = oldest
+            .iter()
+            .find(|(name, _)| *name == q)
+            .map_or(0.0, |(_, t)| {
+                (now - *t).num_milliseconds().max(0) as f64 / 1000.0
+            });
+        metrics::gauge!(OLDEST_AVAILABLE_SECONDS, "queue" => q).set(age);
+    }
+    Ok(counts)
+}
+
+/// The one background task that refreshes the database gauges ([`publish_gauges`]) every
+/// `every` until `stop`; a failed refresh is logged and tried again at the next tick.
+pub fn spawn_gauges(
+    store: Store,
+    every: Duration,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let every = every.max(Duration::from_millis(10));
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            if let Err(e) = publish_gauges(&store, chrono::Utc::now()).await {
+                tracing::warn!("refreshing the database gauges failed: {e}");
+            }
+        }
+    })
 }

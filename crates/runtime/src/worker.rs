@@ -18,6 +18,7 @@ use redrive_store::{
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::completer::{Completer, WriteError};
 use crate::db::Db;
@@ -558,6 +559,7 @@ impl Worker {
         let batch = b.claim_batch.unwrap_or(200);
         let all_queues = b.queues.is_empty();
         let mut queues = b.queues.clone();
+        metrics::start_queues(&queues);
         // Housekeeping beside the claim loop, ended with the run.
         let housekeeping = CancellationToken::new();
         let _end_housekeeping = housekeeping.clone().drop_guard();
@@ -591,12 +593,19 @@ impl Worker {
                 break;
             }
             let now = b.clock.now();
-            if due(&mut last_rescue, b.rescue_every)
-                && let Err(e) =
-                    w.db.run(move |s| async move { s.rescue(now, 1000).await })
-                        .await
-            {
-                tracing::warn!("rescuing expired leases failed: {e}");
+            if due(&mut last_rescue, b.rescue_every) {
+                match w
+                    .db
+                    .run(move |s| async move { s.rescue(now, 1000).await })
+                    .await
+                {
+                    Ok(rescued) => {
+                        for r in &rescued {
+                            metrics::rescued(&r.queue);
+                        }
+                    }
+                    Err(e) => tracing::warn!("rescuing expired leases failed: {e}"),
+                }
             }
             if due(&mut last_maintain, b.poll)
                 && let Err(e) = w.fleet.maintain(now).await
@@ -610,7 +619,7 @@ impl Worker {
                 let counts =
                     w.db.run(move |s| async move {
                         if publish {
-                            metrics::publish_counts(&s).await
+                            metrics::publish_gauges(&s, now).await
                         } else {
                             s.counts().await
                         }
@@ -915,6 +924,11 @@ impl Run {
                 }
             }
         }
+        // Queue latency: from the job's due time to this start.
+        metrics::queue_latency(
+            &job.queue,
+            (clock.now() - job.run_at).to_std().unwrap_or_default(),
+        );
         let mut waited_since = None;
         loop {
             // Is the dependency open or paused (fleet-wide)? Then defer: not an attempt.
@@ -1032,16 +1046,25 @@ impl Run {
                 payload: job.payload.clone(),
                 cancel: cancel.clone(),
                 declines: declines_seen,
+                traceparent: job.traceparent.clone(),
             };
-            let span = tracing::info_span!("attempt", job = job.id, kind = %job.kind,
-                attempt = ctx.attempt, class = tracing::field::Empty);
+            // One span per attempt, in the trace of the job's `traceparent` (with the `otel`
+            // feature); the handler runs inside it, so its outbound call joins the trace.
+            let span = tracing::info_span!("attempt", job = job.id, queue = %job.queue,
+                kind = %job.kind, key = job.key.as_deref().unwrap_or(""),
+                dependency = job.dependency.as_deref().unwrap_or(""), attempt = ctx.attempt,
+                class = tracing::field::Empty, decision = tracing::field::Empty,
+                why = tracing::field::Empty);
+            crate::trace::set_parent(&span, job.traceparent.as_deref());
+            let calling = job.dependency.as_deref().map(metrics::Inflight::start);
             let mut attempted = match &handler {
                 None => Attempted::failure(
                     Outcome::Permanent,
                     format!("no handler for job kind {:?}", job.kind),
                 ),
                 Some(h) => {
-                    let call = AssertUnwindSafe(h.run(ctx.clone())).catch_unwind();
+                    let call = AssertUnwindSafe(h.run(ctx.clone()).instrument(span.clone()))
+                        .catch_unwind();
                     tokio::select! {
                         biased;
                         _ = lost.cancelled() => {
@@ -1087,6 +1110,7 @@ impl Run {
                 }
             }
             let took = t0.elapsed();
+            drop(calling);
             drop(inflight_permit);
             let class = attempted.outcome.class();
             span.record("class", class.as_str());
@@ -1126,6 +1150,15 @@ impl Run {
                 action = policy.decide_blocked(&verdict.counters, until, reason, now, &mut rng);
             }
             let (transition, step) = plan(action, &attempted.result);
+            let (decision, why) = decision(&transition, &step);
+            span.record("decision", decision);
+            span.record("why", why.as_str());
+            tracing::info!(parent: &span, job = job.id, queue = %job.queue, kind = %job.kind,
+                key = job.key.as_deref().unwrap_or(""),
+                dependency = job.dependency.as_deref().unwrap_or(""), attempt = ctx.attempt,
+                class = class.as_str(), duration_ms = took.as_millis() as u64,
+                http_status = attempted.http_status, decision, why = %why,
+                error = attempted.error.as_deref().unwrap_or(""), "attempt");
             let c = Completion {
                 lease,
                 attempt: Some(NewAttempt {
@@ -1294,6 +1327,21 @@ impl Drop for AbortOnDrop {
 }
 
 /// The stored transition and what the executor does next, for a decided action.
+/// What was decided after an attempt, for its span and log line: `succeeded`, `retry` (in
+/// process, after the delay), `refresh` (credentials), `defer` or `dead`, and why.
+fn decision(t: &Transition, step: &Step) -> (&'static str, String) {
+    match (t, step) {
+        (_, Step::Refresh) => ("refresh", "401: refreshing credentials".into()),
+        (Transition::RetryInProcess { delay }, _) => ("retry", format!("in {delay:?}")),
+        (Transition::Succeeded { .. }, _) => ("succeeded", String::new()),
+        (Transition::Deferred { reason, delay, .. }, _) => {
+            ("defer", format!("{} for {delay:?}", reason.as_str()))
+        }
+        (Transition::Dead { reason }, _) => ("dead", reason.as_str().to_owned()),
+        (Transition::Released, _) => ("released", String::new()),
+    }
+}
+
 fn plan(action: Action, result: &serde_json::Value) -> (Transition, Step) {
     match action {
         Action::Done => (

@@ -1,6 +1,5 @@
 //! The `/v1` JSON API, `/metrics`, `/healthz`, `/readyz` and `/openapi.json`.
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use axum::Json;
@@ -11,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use redrive_store::{JobId, JobState, ListParams, NewJob, Store};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
+use tracing::Instrument;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
@@ -252,8 +252,27 @@ pub(crate) async fn create_job(
     let header_key = redrive_http::idempotency::parse_key(&headers)
         .ok()
         .flatten();
-    let job = parse_enqueue(&state, &body, header_key.as_ref().map(|k| k.as_str()), now)?;
-    let e = state.inner.store.enqueue(&job, now).await?;
+    let mut job = parse_enqueue(&state, &body, header_key.as_ref().map(|k| k.as_str()), now)?;
+    // W3C trace context: an invalid `traceparent` is ignored (the spec's rule), not refused.
+    let received = headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| redrive_store::TraceParent::parse(s).ok())
+        .map(|t| t.to_string());
+    let span = tracing::info_span!("enqueue", queue = %job.queue, kind = %job.kind,
+        job = tracing::field::Empty, created = tracing::field::Empty);
+    redrive_runtime::trace::set_parent(&span, received.as_deref());
+    // Stored with the job: the enqueue span's own context (with `otel`), so the attempts are
+    // its children; else the one received.
+    job.traceparent = redrive_runtime::trace::of_span(&span).or(received);
+    let e = state
+        .inner
+        .store
+        .enqueue(&job, now)
+        .instrument(span.clone())
+        .await?;
+    span.record("job", e.job.id);
+    span.record("created", e.created);
     if !e.created {
         // The same key for another request is refused, as the CLI refuses it.
         redrive_http::check_same_request(&job, &e.job).map_err(enqueue_problem)?;
@@ -706,32 +725,13 @@ pub(crate) async fn readyz(State(state): State<AppState>) -> Result<Json<Health>
     }))
 }
 
-/// `/metrics`: refreshes `redrive_jobs{queue,state}` from the store (fleet-wide), then renders.
+/// `/metrics`: renders what the recorder holds. No query runs per scrape: the gauges that
+/// need the database are set by one background task
+/// ([`redrive_runtime::metrics::spawn_gauges`], or the worker pool's own loop).
 pub(crate) async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
     let Some(handle) = &state.inner.prometheus else {
         return Err(ApiError::not_found("no Prometheus recorder is installed"));
     };
-    let counts = state.inner.store.counts().await?;
-    let mut queues: BTreeSet<String> = counts.iter().map(|c| c.queue.clone()).collect();
-    {
-        let mut seen = state
-            .inner
-            .seen_queues
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        seen.extend(queues.iter().cloned());
-        queues.clone_from(&seen);
-    }
-    for q in &queues {
-        for s in JobState::ALL {
-            let n = counts
-                .iter()
-                .find(|c| &c.queue == q && c.state == s)
-                .map_or(0, |c| c.count);
-            metrics::gauge!("redrive_jobs", "queue" => q.clone(), "state" => s.as_str())
-                .set(n as f64);
-        }
-    }
     let body = handle.render();
     Ok((
         [(

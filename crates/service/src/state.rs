@@ -230,8 +230,6 @@ pub(crate) struct Inner {
     /// The last write probe of `/readyz` (when, and why it failed), reused for a second so
     /// that a flood of probes makes at most one write a second.
     pub(crate) write_probe: tokio::sync::Mutex<Option<(std::time::Instant, Result<(), String>)>>,
-    /// Queues seen by `/metrics`, so a queue that empties reports zeros, not stale counts.
-    pub(crate) seen_queues: std::sync::Mutex<std::collections::BTreeSet<String>>,
     pub(crate) front_door: FrontDoor,
     pub(crate) sessions: Sessions,
     pub(crate) logins: LoginLimiter,
@@ -326,7 +324,6 @@ impl AppState {
                 idempotency: layer,
                 ready_checks: config.ready_checks,
                 write_probe: tokio::sync::Mutex::new(None),
-                seen_queues: Default::default(),
                 front_door: FrontDoor { public_hosts },
                 sessions: Sessions::new(config.session_ttl, clock.clone()),
                 logins: LoginLimiter::new(clock),

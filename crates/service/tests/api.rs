@@ -674,8 +674,12 @@ async fn readyz_is_503_when_the_sqlite_file_is_deleted() {
         .assert_problem_status(503);
 }
 
+/// `/metrics` renders the gauges the background task set ([`publish_gauges`]) and runs no
+/// query of its own: jobs enqueued after the last refresh do not show until the next one.
+///
+/// [`publish_gauges`]: redrive_runtime::metrics::publish_gauges
 #[tokio::test]
-async fn metrics_sets_the_jobs_gauge_from_the_store() {
+async fn metrics_renders_the_gauges_the_background_task_set_without_querying() {
     let h0 = sqlite(AppConfig::default()).await;
     send(&h0.app(), get("/metrics"))
         .await
@@ -687,12 +691,19 @@ async fn metrics_sets_the_jobs_gauge_from_the_store() {
     })
     .await;
     let now = chrono::Utc::now();
-    for _ in 0..3 {
+    let enqueue = || async {
         h.store
             .enqueue(&NewJob::new("metrics-q", "noop", json!({})), now)
             .await
             .unwrap();
+    };
+    for _ in 0..3 {
+        enqueue().await;
     }
+    redrive_runtime::metrics::publish_gauges(&h.store, now + chrono::Duration::seconds(7))
+        .await
+        .unwrap();
+    enqueue().await;
     let r = send(&h.app(), get("/metrics")).await;
     assert_eq!(r.status, StatusCode::OK);
     assert!(r.header("content-type").unwrap().starts_with("text/plain"));
@@ -705,6 +716,12 @@ async fn metrics_sets_the_jobs_gauge_from_the_store() {
     assert!(
         r.body
             .contains("redrive_jobs{queue=\"metrics-q\",state=\"dead\"} 0"),
+        "{}",
+        r.body
+    );
+    assert!(
+        r.body
+            .contains("redrive_oldest_available_seconds{queue=\"metrics-q\"} 7"),
         "{}",
         r.body
     );

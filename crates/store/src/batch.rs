@@ -80,6 +80,7 @@ impl InsertRow {
             updated_at: from_millis(self.now),
             finished_at: None,
             quota_key: n.quota_key.clone(),
+            traceparent: n.traceparent.clone(),
         }
     }
 }

@@ -42,6 +42,7 @@ mod rows;
 mod schedule;
 mod sql;
 mod sqlite;
+mod traceparent;
 mod workers;
 
 use std::time::Duration;
@@ -68,7 +69,18 @@ pub use schedule::{
     due_ticks, tick_key,
 };
 pub use sqlite::SqliteStore;
+pub use traceparent::{TraceParent, TraceParentError};
 pub use workers::{Unhandled, WORKER_STALE_AFTER, WorkerInfo};
+
+/// `redrive_enqueued_total{queue,kind}`: jobs created by this process's enqueues (through
+/// [`Store::enqueue`] and [`Store::enqueue_many`]; a repeat of an idempotency key that returns
+/// the existing job is not counted). Recorded through the `metrics` facade.
+pub const ENQUEUED_TOTAL: &str = "redrive_enqueued_total";
+
+fn count_enqueued(job: &NewJob) {
+    metrics::counter!(ENQUEUED_TOTAL, "queue" => job.queue.clone(), "kind" => job.kind.clone())
+        .increment(1);
+}
 
 /// Jobs per batch of [`Store::prune`] (and the runtime's pruner by default): a few
 /// milliseconds of the writer each.
@@ -176,6 +188,7 @@ impl Store {
         });
         self.check_file()?;
         if out.created {
+            count_enqueued(job);
             dispatch!(self, s => s.wake());
         }
         Ok(out)
@@ -186,6 +199,11 @@ impl Store {
     pub async fn enqueue_many(&self, jobs: &[NewJob], now: Timestamp) -> Result<Vec<Enqueued>> {
         let out = dispatch!(self, s => s.enqueue_many_impl(jobs, now).await)?;
         self.check_file()?;
+        for (job, e) in jobs.iter().zip(&out) {
+            if e.created {
+                count_enqueued(job);
+            }
+        }
         Ok(out)
     }
 

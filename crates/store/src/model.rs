@@ -133,6 +133,9 @@ pub struct NewJob {
     /// The card key the networks' reattempt quotas count against: a card fingerprint or a
     /// payment-method id, never a card number (see [`check_quota_key`]).
     pub quota_key: Option<String>,
+    /// The W3C `traceparent` of the request that enqueued the job (its attempts join that
+    /// trace); `00-<32 hex>-<16 hex>-<2 hex>`.
+    pub traceparent: Option<String>,
 }
 
 impl NewJob {
@@ -154,6 +157,7 @@ impl NewJob {
             max_attempts: 15,
             ttl: None,
             quota_key: None,
+            traceparent: None,
         }
     }
     /// Sets the card key for the reattempt quotas (a fingerprint or payment-method id).
@@ -164,6 +168,11 @@ impl NewJob {
     /// Sets the idempotency key.
     pub fn key(mut self, key: impl Into<String>) -> Self {
         self.key = Some(key.into());
+        self
+    }
+    /// Sets the W3C `traceparent` the job's attempts join ([`NewJob::validate`] checks it).
+    pub fn traceparent(mut self, tp: impl Into<String>) -> Self {
+        self.traceparent = Some(tp.into());
         self
     }
     /// Sets the dependency.
@@ -230,6 +239,18 @@ impl NewJob {
                 field: "max_attempts",
                 value: self.max_attempts.to_string(),
                 reason: format!("must be 1..={MAX_MAX_ATTEMPTS}"),
+            });
+        }
+        if let Some(tp) = &self.traceparent
+            && let Err(e) = crate::TraceParent::parse(tp)
+        {
+            return Err(crate::StoreError::Invalid {
+                field: "traceparent",
+                value: e.value,
+                reason: format!(
+                    "not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>): {}",
+                    e.reason
+                ),
             });
         }
         if let Some(ttl) = self.ttl
@@ -430,6 +451,8 @@ pub struct Job {
     /// The card key the reattempt quotas count against, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quota_key: Option<String>,
+    /// The W3C `traceparent` the job was enqueued with, if any.
+    pub traceparent: Option<String>,
 }
 
 impl Job {
@@ -704,6 +727,8 @@ pub struct QueueCount {
 pub struct Rescued {
     /// The job.
     pub id: JobId,
+    /// Its queue.
+    pub queue: String,
     /// Whether it died (`lease_expired`) because it had no attempts left.
     pub dead: bool,
 }

@@ -295,14 +295,14 @@ macro_rules! shared_ops {
             ) -> crate::Result<Vec<crate::Rescued>> {
                 let now_ms = crate::model::millis(now);
                 let mut tx = self.tx().await?;
-                let rows: Vec<(i64, String, i64, i64)> =
+                let rows: Vec<(i64, String, i64, i64, String)> =
                     sqlx::query_as(sqlx::AssertSqlSafe(self.sql.rescue.clone()))
                         .bind(now_ms)
                         .bind(i64::from(limit.max(1)))
                         .fetch_all(&mut *tx)
                         .await?;
                 let mut out = Vec::with_capacity(rows.len());
-                for (id, state, token, replay) in rows {
+                for (id, state, token, replay, queue) in rows {
                     sqlx::query(sqlx::AssertSqlSafe(self.sql.rescue_attempt.clone()))
                         .bind(id)
                         .bind(replay)
@@ -312,6 +312,7 @@ macro_rules! shared_ops {
                         .await?;
                     out.push(crate::Rescued {
                         id,
+                        queue,
                         dead: state == "dead",
                     });
                 }

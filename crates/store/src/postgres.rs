@@ -144,7 +144,7 @@ impl PgStore {
         Ok(self.pool.begin().await?)
     }
 
-    /// One `INSERT … SELECT FROM UNNEST(arrays)`: thirteen parameters whatever the chunk size.
+    /// One `INSERT … SELECT FROM UNNEST(arrays)`: fourteen parameters whatever the chunk size.
     pub(crate) async fn insert_chunk(
         &self,
         conn: &mut PgConnection,
@@ -156,13 +156,14 @@ impl PgStore {
         let opt = |f: fn(&crate::NewJob) -> Option<String>| chunk.iter().map(f).collect::<Vec<_>>();
         let sql = "INSERT INTO redrive_jobs (queue, kind, payload, idempotency_key, dependency, priority, \
              state, max_attempts, policy, run_at, ttl_ms, deadline, created_at, updated_at, \
-             quota_key) \
-             SELECT q, k, p, ik, dep, pri, st, ma, pol, ra, ttl, dl, $13, $13, qk FROM UNNEST( \
+             quota_key, traceparent) \
+             SELECT q, k, p, ik, dep, pri, st, ma, pol, ra, ttl, dl, $13, $13, qk, tp FROM UNNEST( \
                CAST($1 AS TEXT[]), CAST($2 AS TEXT[]), CAST($3 AS TEXT[]), CAST($4 AS TEXT[]), \
                CAST($5 AS TEXT[]), CAST($6 AS INT8[]), CAST($7 AS TEXT[]), CAST($8 AS INT8[]), \
                CAST($9 AS TEXT[]), CAST($10 AS INT8[]), CAST($11 AS INT8[]), CAST($12 AS INT8[]), \
-               CAST($14 AS TEXT[])) \
-             WITH ORDINALITY AS u(q, k, p, ik, dep, pri, st, ma, pol, ra, ttl, dl, qk, ord) ORDER BY ord \
+               CAST($14 AS TEXT[]), CAST($15 AS TEXT[])) \
+             WITH ORDINALITY AS u(q, k, p, ik, dep, pri, st, ma, pol, ra, ttl, dl, qk, tp, ord) \
+             ORDER BY ord \
              ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
              RETURNING id, queue, idempotency_key";
         Ok(
@@ -191,6 +192,7 @@ impl PgStore {
                 .bind(rows.iter().map(|r| r.deadline).collect::<Vec<_>>())
                 .bind(crate::model::millis(now))
                 .bind(opt(|j| j.quota_key.clone()))
+                .bind(opt(|j| j.traceparent.clone()))
                 .fetch_all(&mut *conn)
                 .await?,
         )

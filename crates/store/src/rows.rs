@@ -10,7 +10,7 @@ pub(crate) const JOB_COLS: &str = "id, queue, kind, payload, idempotency_key, de
     state, attempts, exceptions, defers, consecutive_auth, prev_delay_ms, max_attempts, policy, \
     run_at, first_attempt_at, ttl_ms, deadline, lease_owner, lease_token, lease_expires_at, \
     defer_reason, dead_reason, last_error, result, replays, created_at, updated_at, finished_at, \
-    quota_key";
+    quota_key, traceparent";
 
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct JobRow {
@@ -45,6 +45,7 @@ pub(crate) struct JobRow {
     updated_at: i64,
     finished_at: Option<i64>,
     quota_key: Option<String>,
+    traceparent: Option<String>,
 }
 
 fn u32_of(what: &'static str, v: i64) -> Result<u32> {
@@ -114,6 +115,7 @@ impl JobRow {
             updated_at: from_millis(self.updated_at),
             finished_at: self.finished_at.map(from_millis),
             quota_key: self.quota_key,
+            traceparent: self.traceparent,
         })
     }
 }

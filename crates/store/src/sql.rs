@@ -171,7 +171,7 @@ impl Sql {
                  WHERE state = 'running' AND lease_expires_at < $1 AND id IN \
                    (SELECT id FROM redrive_jobs WHERE state = 'running' AND lease_expires_at < $1 \
                     ORDER BY lease_expires_at LIMIT $2) \
-                 RETURNING id, state, lease_token, replays"
+                 RETURNING id, state, lease_token, replays, queue"
                     .into(),
             ),
             rescue_attempt: fill(

@@ -179,6 +179,7 @@ impl SqliteStore {
                     r.ttl,
                     r.deadline,
                     j.quota_key,
+                    j.traceparent,
                 ])
             })
             .collect();
@@ -268,13 +269,13 @@ fn json_text(v: &impl serde::Serialize) -> Result<String> {
 }
 
 /// Rows are `[queue, kind, payload, key, dependency, priority, state, max_attempts, policy,
-/// run_at, ttl_ms, deadline]`, inserted in array order (so ids follow input order).
+/// run_at, ttl_ms, deadline, quota_key, traceparent]`, inserted in array order (so ids follow input order).
 const INSERT_JSON: &str = "INSERT INTO redrive_jobs (queue, kind, payload, idempotency_key, \
     dependency, priority, state, max_attempts, policy, run_at, ttl_ms, deadline, created_at, \
-    updated_at, quota_key) \
+    updated_at, quota_key, traceparent) \
     SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, \
     value ->> 6, value ->> 7, value ->> 8, value ->> 9, value ->> 10, value ->> 11, $2, $2, \
-    value ->> 12 \
+    value ->> 12, value ->> 13 \
     FROM json_each($1) WHERE true ORDER BY key \
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
     RETURNING id, queue, idempotency_key";

@@ -154,6 +154,7 @@ macro_rules! conformance {
 }
 
 conformance!(
+    traceparent_is_stored_with_the_job,
     enqueue_dedupes_on_key,
     enqueued_job_is_the_stored_job,
     concurrent_enqueues_of_one_key_make_one_job,
@@ -458,6 +459,51 @@ mod cases {
                 Store::Postgres(x) => sqlx::query_as(q).fetch_one(x.pool()).await.unwrap(),
             };
             assert_eq!(row, (t, n), "the probe row was written (and rewritten)");
+        }
+    }
+
+    /// The W3C `traceparent` of the enqueuing request is stored with the job (one enqueue
+    /// and a batch), read back by get and claim; a malformed one is refused naming the field.
+    pub(super) async fn traceparent_is_stored_with_the_job(s: &Store) {
+        let now = ms(T0);
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let one = s
+            .enqueue(&job("tp").traceparent(tp), now)
+            .await
+            .unwrap()
+            .job;
+        assert_eq!(one.traceparent.as_deref(), Some(tp));
+        let many = s
+            .enqueue_many(&[job("tp"), job("tp").traceparent(tp)], now)
+            .await
+            .unwrap();
+        assert_eq!(many[0].job.traceparent, None);
+        assert_eq!(many[1].job.traceparent.as_deref(), Some(tp));
+        for id in [one.id, many[1].job.id] {
+            let got = s.get(id).await.unwrap().unwrap();
+            assert_eq!(got.traceparent.as_deref(), Some(tp));
+        }
+        assert_eq!(
+            s.get(many[0].job.id).await.unwrap().unwrap().traceparent,
+            None
+        );
+        let claimed = s.claim(&claim_params("tp", 10, now)).await.unwrap();
+        assert_eq!(claimed.len(), 3);
+        assert_eq!(
+            claimed
+                .iter()
+                .filter(|j| j.traceparent.as_deref() == Some(tp))
+                .count(),
+            2
+        );
+        for bad in [
+            "00-abc-def-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        ] {
+            match s.enqueue(&job("tp").traceparent(bad), now).await {
+                Err(StoreError::Invalid { field, .. }) => assert_eq!(field, "traceparent"),
+                other => panic!("{bad}: {other:?}"),
+            }
         }
     }
 
@@ -798,6 +844,7 @@ mod cases {
             rescued.iter().map(|r| r.id).collect::<HashSet<_>>().len(),
             20
         );
+        assert!(rescued.iter().all(|r| r.queue == "q"), "{rescued:?}");
         assert!(rescued.iter().all(|r| !r.dead));
         let j = s.get(claimed[0].id).await.unwrap().unwrap();
         assert_eq!(j.state, JobState::Available);

@@ -4,7 +4,6 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use metrics_exporter_prometheus::PrometheusBuilder;
 use redrive_http::HttpJob;
 use redrive_policy::StatusTable;
 use redrive_runtime::Worker;
@@ -38,14 +37,20 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
     block_on(async move {
         let store = open(global).await?;
         crate::cmd::schedule::upsert_file_schedules(global, &store).await?;
-        let prometheus = PrometheusBuilder::new()
+        let prometheus = redrive_runtime::metrics::prometheus_builder()
+            .context("configuring the Prometheus histograms")?
             .install_recorder()
             .context("installing the Prometheus recorder")?;
+        redrive_runtime::metrics::describe();
         // `--workers N`: a worker pool in this process over the `--queue`s (default: every
         // queue) for the `--kind`s (default: the built-in ones); without it the service only
         // enqueues and shows, and workers run elsewhere (`redrive work`, your own).
         let stop = CancellationToken::new();
         let mut ready_checks = Vec::new();
+        // The gauges that need the database: one task, at `--metrics-refresh`; a scrape of
+        // /metrics only renders (the worker pool below publishes none of its own).
+        let gauges =
+            redrive_runtime::metrics::spawn_gauges(store.clone(), a.metrics_refresh, stop.clone());
         let workers = if a.workers > 0 {
             policies::spawn_alerts(store.clone(), alerts, set.clone(), stop.clone());
             let w = crate::cmd::work::with_builtin_handlers(
@@ -54,7 +59,8 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
                 http,
             )
             .policies(set.clone())
-            .concurrency(a.workers as usize);
+            .concurrency(a.workers as usize)
+            .gauge_interval(None);
             let w = crate::cmd::schedule::housekeeping(w, &a.housekeeping).build();
             let health = w.health();
             let run = {
@@ -113,6 +119,7 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
         };
         let served = redrive_service::serve(config, shutdown).await;
         stop.cancel();
+        let _ = gauges.await;
         if let Some(w) = workers {
             w.await
                 .context("the worker pool's watch")?

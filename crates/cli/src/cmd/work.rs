@@ -66,10 +66,12 @@ pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
     let alerts = policies::load_alerts(global)?;
     block_on(async move {
         if let Some(addr) = a.metrics_addr {
-            metrics_exporter_prometheus::PrometheusBuilder::new()
+            redrive_runtime::metrics::prometheus_builder()
+                .context("configuring the Prometheus histograms")?
                 .with_http_listener(addr)
                 .install()
                 .with_context(|| format!("serving metrics on {addr}"))?;
+            redrive_runtime::metrics::describe();
             eprintln!("metrics on http://{addr}/metrics");
         }
         let store = open(global).await?;
@@ -81,7 +83,9 @@ pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
             .concurrency(a.concurrency as usize)
             .shutdown_grace(a.shutdown_grace)
             .lease(a.lease)
-            .max_jobs(a.max_jobs);
+            .max_jobs(a.max_jobs)
+            // The gauges that need the database, from the pool's loop (one task).
+            .gauge_interval(Some(a.metrics_refresh));
         let worker = crate::cmd::schedule::housekeeping(worker, &a.housekeeping).build();
         crate::cmd::schedule::upsert_file_schedules(global, &store_for_schedules).await?;
         let total: Summary = if a.until_idle {

@@ -261,6 +261,7 @@ mod tests {
             key: Some(format!("k{seq}")),
             status,
             replayed_by: None,
+            traceparent: None,
         }
     }
 
