@@ -334,6 +334,7 @@ pub(crate) fn declined(dependency: &str, network: &str, category: String) {
 
 pub(crate) fn reattempt_blocked(reason: &'static str) {
     metrics::counter!(REATTEMPTS_BLOCKED_TOTAL, "reason" => reason).increment(1);
+}
 /// Every gauge that needs the database: [`publish_counts`], then
 /// `redrive_oldest_available_seconds{queue}` (0 for a queue seen with nothing waiting). Two
 /// queries; call it from one task at an interval ([`spawn_gauges`]), never per scrape.
