@@ -39,6 +39,7 @@ mod postgres;
 mod retention;
 mod rows;
 mod schedule;
+mod seed;
 mod sql;
 mod sqlite;
 mod workers;
@@ -65,6 +66,7 @@ pub use schedule::{
     Cron, Fired, MAX_CATCH_UP, MAX_SCHEDULE_NAME, MISFIRE_GRACE, Missed, Schedule, ScheduleSpec,
     due_ticks, tick_key,
 };
+pub use seed::{Seed, SeedRows, padded_payload};
 pub use sqlite::SqliteStore;
 pub use workers::{Unhandled, WORKER_STALE_AFTER, WorkerInfo};
 
