@@ -290,6 +290,12 @@ impl PgStore {
 
 /// One completion batch: the fenced update and the attempts of the rows it updated, in one
 /// statement (atomic without an explicit transaction; one round trip).
+///
+/// The fence on `running` is written `(t.state || '') = 'running'` (as SQLite's `+state`) so
+/// that the planner cannot answer it from the partial lease index. Statistics gathered while
+/// few jobs ran (an `ANALYZE` after a bulk enqueue) put one row in that index; the planner
+/// then walked every running job and compared each with every row of the batch: 3.4 s for
+/// 200 completions with 20,000 jobs running, against 5 ms through the primary key.
 const COMPLETE_SQL: &str = "WITH v AS (SELECT * FROM UNNEST(CAST($1 AS INT8[]), \
       CAST($2 AS INT8[]), CAST($3 AS TEXT[]), CAST($4 AS INT8[]), CAST($5 AS INT8[]), \
       CAST($6 AS INT8[]), CAST($7 AS INT8[]), CAST($8 AS INT8[]), CAST($9 AS INT8[]), \
@@ -311,7 +317,7 @@ const COMPLETE_SQL: &str = "WITH v AS (SELECT * FROM UNNEST(CAST($1 AS INT8[]), 
       lease_owner = CASE WHEN v.state = 'running' THEN t.lease_owner END, \
       lease_expires_at = CASE WHEN v.state = 'running' THEN t.lease_expires_at END, \
       finished_at = v.finished_at, updated_at = v.updated_at \
-    FROM v WHERE t.id = v.id AND t.lease_token = v.token AND t.state = 'running' \
+    FROM v WHERE t.id = v.id AND t.lease_token = v.token AND (t.state || '') = 'running' \
     RETURNING t.id, t.replays), \
   ins AS (INSERT INTO redrive_attempts (job_id, number, replay, lease_token, worker, \
       started_at, duration_ms, class, http_status, error, delay_ms, mode, counted) \

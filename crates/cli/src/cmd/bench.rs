@@ -324,7 +324,15 @@ pub(crate) fn run(global: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
                 let shares: Vec<String> = p
                     .per_process
                     .iter()
-                    .map(|s| format!("{:.0}% ({:.0} MiB)", s.share * 100.0, s.peak_rss_mib))
+                    .map(|s| {
+                        format!(
+                            "{:.0}% ({:.0} MiB, {} of {} claims empty)",
+                            s.share * 100.0,
+                            s.peak_rss_mib,
+                            s.empty_claims,
+                            s.claims
+                        )
+                    })
                     .collect();
                 outln!("  shares: {}", shares.join(", "));
             }
