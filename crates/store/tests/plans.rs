@@ -240,3 +240,54 @@ async fn seed_rejects_a_bad_queue_and_pads_payloads() {
     assert_eq!(padded_payload(3).to_string(), r#"{"pad":""}"#);
     h.cleanup().await;
 }
+
+/// The completion of a batch reaches its jobs by primary key, also with statistics gathered
+/// while no job ran (the bulk seed's `ANALYZE`, as autovacuum's after a big enqueue): the
+/// planner once walked the partial lease index (every running job) for each row instead.
+#[tokio::test]
+async fn postgres_completion_uses_the_primary_key_with_stale_statistics() {
+    let Some(h) = postgres("done").await else {
+        return;
+    };
+    let Store::Postgres(pg) = &h.store else {
+        unreachable!()
+    };
+    h.store
+        .seed(&seed("pay", SeedRows::Available, 20_000))
+        .await
+        .unwrap();
+    let mut running = Vec::new();
+    for _ in 0..10 {
+        running.extend(h.store.claim(&claim(&["pay"], Kinds::Any)).await.unwrap());
+    }
+    assert_eq!(running.len(), 2_000);
+    let now = Utc::now();
+    let cs: Vec<Completion> = running[..200]
+        .iter()
+        .map(|j| Completion {
+            lease: j.lease(),
+            attempt: None,
+            counters: j.counters(),
+            transition: Transition::Succeeded {
+                result: serde_json::json!(null),
+            },
+            error: None,
+            now,
+        })
+        .collect();
+    let plan = pg.complete_plan(&cs).await.unwrap();
+    let text = plan.join("\n");
+    assert!(
+        !text.contains("redrive_jobs_lease"),
+        "the completion walks the running jobs:\n{text}"
+    );
+    assert!(
+        !text.contains("Seq Scan on redrive_jobs"),
+        "the completion scans the jobs table:\n{text}"
+    );
+    assert!(text.contains("redrive_jobs_pkey"), "{text}");
+    // And it completes exactly those.
+    let done = h.store.complete_many(&cs).await.unwrap();
+    assert!(done.iter().all(|r| r.is_ok()));
+    h.cleanup().await;
+}

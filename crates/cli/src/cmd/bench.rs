@@ -205,10 +205,13 @@ pub(crate) fn run(global: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
                 seed_seconds += secs;
                 backend = s.store.backend();
                 let pb = bar(0, format!("{p} processes (c={c})"));
-                let r = bench_scale::processes(
-                    &s.store, &s.url, QUEUE, a.jobs, a.backlog, p, c, &payload,
-                )
-                .await;
+                let run = bench_scale::Processes {
+                    jobs: a.jobs,
+                    backlog: a.backlog,
+                    processes: p,
+                    concurrency: c,
+                };
+                let r = bench_scale::processes(&s.store, &s.url, QUEUE, run, &payload).await;
                 pb.finish_and_clear();
                 cleanup(s).await;
                 procs.push(r?);

@@ -207,6 +207,19 @@ pub(crate) struct ProcessRun {
     pub(crate) peak_rss_mib: f64,
 }
 
+/// The shape of a `--processes` run.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Processes {
+    /// Jobs to drain.
+    pub(crate) jobs: u64,
+    /// Jobs left waiting below them.
+    pub(crate) backlog: u64,
+    /// `redrive work` processes.
+    pub(crate) processes: u32,
+    /// Each one's `--concurrency`.
+    pub(crate) concurrency: u32,
+}
+
 /// Seeds `jobs` (after the backlog and history, already in `store`) and drains them with
 /// `processes` `redrive work --until-idle` processes on `url` (the store's schema), each at
 /// `concurrency`. With a backlog, each process stops after its part of `jobs` (`--max-jobs`).
@@ -214,12 +227,15 @@ pub(crate) async fn processes(
     store: &Store,
     url: &str,
     queue: &str,
-    jobs: u64,
-    backlog: u64,
-    processes: u32,
-    concurrency: u32,
+    run: Processes,
     payload: &serde_json::Value,
 ) -> anyhow::Result<ProcessRun> {
+    let Processes {
+        jobs,
+        backlog,
+        processes,
+        concurrency,
+    } = run;
     seed(
         store,
         queue,
