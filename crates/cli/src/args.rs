@@ -730,6 +730,27 @@ pub(crate) struct BenchArgs {
     /// batch); default: 1 on SQLite (one writer), 4 on PostgreSQL (a server process each).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub(crate) producers: Option<u32>,
+    /// Jobs already waiting in the queue before each timed drain (written in bulk by the
+    /// database, due before the drained ones): the drain takes `--jobs` from the top of this
+    /// deep queue.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) backlog: u64,
+    /// Finished jobs (succeeded, one attempt each) already in the tables: what a retention
+    /// window leaves behind (written in bulk by the database).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) history: u64,
+    /// Size of each job's payload in bytes (its JSON text, `{"pad":"xx…"}`); default: `{}`.
+    #[arg(long = "payload-bytes", value_parser = clap::value_parser!(u64).range(2..=1_048_576))]
+    pub(crate) payload_bytes: Option<u64>,
+    /// Instead of the in-process drains: `redrive work --until-idle` processes draining the
+    /// same PostgreSQL queue at once, each at the first `--concurrency` (default 64); total
+    /// drain, each one's share and peak resident memory (repeatable, e.g. 1, 4 and 8).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub(crate) processes: Vec<u32>,
+    /// Also drain the same jobs with the batched claim and fenced completion written as plain
+    /// SQL (no attempt rows, no runtime), in the same process: the practical limit here.
+    #[arg(long)]
+    pub(crate) ceiling: bool,
     /// Print one JSON document.
     #[arg(long)]
     pub(crate) json: bool,

@@ -294,6 +294,56 @@ fn bench_on_postgres_enqueues_from_four_producers_by_default() {
     assert_eq!(r["scheduled_pickup_samples"], 200);
 }
 
+#[test]
+fn bench_drains_one_postgres_queue_with_several_work_processes() {
+    let Some((pg, _)) = schema() else { return };
+    block(pg.drop_schema()).unwrap();
+    let url = redrive_testkit::postgres_url();
+    let o = Command::new(env!("CARGO_BIN_EXE_redrive"))
+        .args([
+            "--db",
+            &url,
+            "bench",
+            "--jobs",
+            "600",
+            "--concurrency",
+            "4",
+            "--processes",
+            "1",
+            "--processes",
+            "3",
+            "--payload-bytes",
+            "2048",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "stderr: {stderr}");
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let procs = r["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 2);
+    for (p, n) in procs.iter().zip([1, 3]) {
+        assert_eq!(p["processes"], n);
+        assert_eq!(p["concurrency"], 4);
+        assert_eq!(p["jobs"], 600, "every job ran once: {p}");
+        let each = p["per_process"].as_array().unwrap();
+        assert_eq!(each.len(), n);
+        let ran: u64 = each.iter().map(|e| e["succeeded"].as_u64().unwrap()).sum();
+        assert_eq!(ran, 600, "{p}");
+        let shares: f64 = each.iter().map(|e| e["share"].as_f64().unwrap()).sum();
+        assert!((shares - 1.0).abs() < 1e-9, "{p}");
+        assert!(
+            each.iter()
+                .all(|e| e["peak_rss_mib"].as_f64().unwrap() > 1.0),
+            "{p}"
+        );
+        assert!(p["drain_jobs_per_s"].as_f64().unwrap() > 0.0);
+    }
+    // In-process runs and pickup figures are not part of a processes run.
+    assert!(r["runs"].as_array().unwrap().is_empty());
+}
+
 /// What one run of the fleet scenario left at the PSP.
 struct FleetRun {
     seconds: f64,

@@ -284,6 +284,81 @@ fn bench_runs_small_and_prints_json() {
 }
 
 #[test]
+fn bench_drains_the_top_of_a_seeded_queue_beside_the_plain_sql_ceiling() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite:{}", dir.path().join("q.db").display());
+    let r = ok(&redrive(
+        &db,
+        &[
+            "bench",
+            "--jobs",
+            "400",
+            "--concurrency",
+            "2",
+            "--concurrency",
+            "3",
+            "--backlog",
+            "1000",
+            "--history",
+            "700",
+            "--payload-bytes",
+            "300",
+            "--ceiling",
+            "--json",
+        ],
+    ));
+    assert_eq!(
+        (&r["backlog"], &r["history"], &r["payload_bytes"]),
+        (
+            &serde_json::json!(1000),
+            &serde_json::json!(700),
+            &serde_json::json!(300)
+        )
+    );
+    // Both levels ran on the one seeded store, each draining exactly its 400 jobs three
+    // times (store, ceiling, runtime) from the top of the backlog (the bench fails if any
+    // drain got more or fewer).
+    let runs = r["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    for run in runs {
+        assert_eq!(run["jobs"], 400);
+        for k in [
+            "drain_jobs_per_s",
+            "runtime_drain_jobs_per_s",
+            "ceiling_drain_jobs_per_s",
+        ] {
+            assert!(run[k].as_f64().unwrap() > 0.0, "{k}: {run}");
+        }
+        let ratio = run["store_vs_ceiling"].as_f64().unwrap();
+        let expect = run["drain_jobs_per_s"].as_f64().unwrap()
+            / run["ceiling_drain_jobs_per_s"].as_f64().unwrap();
+        assert!((ratio - expect).abs() < 1e-9, "{run}");
+    }
+    assert!(r["seed_seconds"].as_f64().unwrap() > 0.0);
+    assert!(r["peak_rss_mib"].as_f64().unwrap() > 1.0);
+    // Without --ceiling there is no ceiling figure.
+    let r = ok(&redrive(
+        &db,
+        &["bench", "--jobs", "50", "--concurrency", "1", "--json"],
+    ));
+    assert!(
+        r["runs"][0].get("ceiling_drain_jobs_per_s").is_none(),
+        "{r}"
+    );
+    assert_eq!(r["payload_bytes"], 2, "{{}}");
+    err(
+        &redrive(&db, &["bench", "--processes", "2"]),
+        2,
+        "--processes",
+    );
+    err(
+        &redrive(&db, &["bench", "--payload-bytes", "1"]),
+        2,
+        "--payload-bytes",
+    );
+}
+
+#[test]
 fn work_until_idle_runs_noop_jobs_and_leaves_other_kinds_waiting() {
     let dir = tempfile::tempdir().unwrap();
     let db = format!("sqlite:{}", dir.path().join("q.db").display());

@@ -47,6 +47,11 @@ pub struct Summary {
     /// own code): logged with the job id and left to their lease, so they are rescued and run
     /// again. The pool goes on.
     pub failed: u64,
+    /// Claim statements run against the store.
+    pub claims: u64,
+    /// Of those, the ones that found nothing to take (a wake-up another worker won, or an
+    /// idle poll).
+    pub empty_claims: u64,
 }
 
 impl Summary {
@@ -59,6 +64,8 @@ impl Summary {
         self.lease_lost += o.lease_lost;
         self.attempts += o.attempts;
         self.failed += o.failed;
+        self.claims += o.claims;
+        self.empty_claims += o.empty_claims;
     }
 
     /// Claims that ended (succeeded, dead, deferred, released, lost or failed).
@@ -705,7 +712,9 @@ impl Worker {
                     }
                 }
             };
+            total.claims += 1;
             if jobs.is_empty() {
+                total.empty_claims += 1;
                 drop(permits);
                 if until_idle && tasks.is_empty() {
                     break;

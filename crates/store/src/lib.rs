@@ -40,6 +40,7 @@ mod quota;
 mod retention;
 mod rows;
 mod schedule;
+mod seed;
 mod sql;
 mod sqlite;
 mod traceparent;
@@ -68,6 +69,7 @@ pub use schedule::{
     Cron, Fired, MAX_CATCH_UP, MAX_SCHEDULE_NAME, MISFIRE_GRACE, Missed, Schedule, ScheduleSpec,
     due_ticks, tick_key,
 };
+pub use seed::{Seed, SeedRows, padded_payload};
 pub use sqlite::SqliteStore;
 pub use traceparent::{TraceParent, TraceParentError};
 pub use workers::{Unhandled, WORKER_STALE_AFTER, WorkerInfo};

@@ -102,15 +102,17 @@ macro_rules! shared_ops {
                 rows.into_iter().map(|r| r.into_attempt()).collect()
             }
 
-            pub(crate) async fn claim_impl(
+            /// The claim statement `p` runs and its parameters; `None` when it would claim
+            /// nothing without asking the database.
+            pub(crate) fn claim_statement(
                 &self,
                 p: &crate::ClaimParams,
-            ) -> crate::Result<Vec<crate::Job>> {
+            ) -> crate::Result<Option<crate::ops::ClaimStatement>> {
                 if p.limit == 0
                     || p.queues.is_empty()
                     || p.kinds.as_list().is_some_and(|k| k.is_empty())
                 {
-                    return Ok(Vec::new());
+                    return Ok(None);
                 }
                 crate::check_batch("limit", p.limit as usize)?;
                 let kinds = p.kinds.as_list().map(crate::model::json_list);
@@ -129,25 +131,32 @@ macro_rules! shared_ops {
                             reason: e.to_string(),
                         }
                     })?;
-                    let sql = match kinds {
-                        None => self.sql.claim.clone(),
-                        Some(_) => self.sql.claim_kinds.clone(),
-                    };
-                    (sql, list)
+                    (self.sql.claim_many(p.queues.len(), kinds.is_some()), list)
                 };
                 let now = crate::model::millis(p.now);
-                let permit = self.claim_permit().await;
-                let q = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-                    .bind(now)
-                    .bind(queues)
-                    .bind(i64::from(p.limit))
-                    .bind(&p.worker)
-                    .bind(now.saturating_add(crate::model::dur_ms(p.lease)));
-                // The kinds' list is a parameter only of the statements that filter on it.
-                let q = match kinds {
-                    Some(k) => q.bind(k),
-                    None => q,
+                Ok(Some(crate::ops::ClaimStatement {
+                    sql,
+                    now,
+                    queues,
+                    limit: i64::from(p.limit),
+                    worker: p.worker.clone(),
+                    until: now.saturating_add(crate::model::dur_ms(p.lease)),
+                    kinds,
+                }))
+            }
+
+            pub(crate) async fn claim_impl(
+                &self,
+                p: &crate::ClaimParams,
+            ) -> crate::Result<Vec<crate::Job>> {
+                let Some(st) = self.claim_statement(p)? else {
+                    return Ok(Vec::new());
                 };
+                let permit = self.claim_permit().await;
+                let q = crate::ops::bind_claim!(
+                    sqlx::query_as(sqlx::AssertSqlSafe(st.sql.clone())),
+                    st
+                );
                 let rows: Vec<crate::rows::JobRow> = q.fetch_all(&self.pool).await?;
                 drop(permit);
                 let mut jobs = rows
@@ -578,3 +587,35 @@ macro_rules! shared_ops {
 }
 
 pub(crate) use shared_ops;
+
+/// A claim statement and its parameters (`$1` now, `$2` the queue or a JSON list of queues,
+/// `$3` limit, `$4` worker, `$5` lease end, `$6` the kinds' JSON list when filtered).
+pub(crate) struct ClaimStatement {
+    pub(crate) sql: std::sync::Arc<str>,
+    pub(crate) now: i64,
+    pub(crate) queues: String,
+    pub(crate) limit: i64,
+    pub(crate) worker: String,
+    pub(crate) until: i64,
+    pub(crate) kinds: Option<String>,
+}
+
+/// Binds a [`ClaimStatement`]'s parameters to a query of any output type.
+macro_rules! bind_claim {
+    ($q:expr, $st:expr) => {{
+        let st = &$st;
+        let q = $q
+            .bind(st.now)
+            .bind(st.queues.clone())
+            .bind(st.limit)
+            .bind(st.worker.clone())
+            .bind(st.until);
+        // The kinds' list is a parameter only of the statements that filter on it.
+        match &st.kinds {
+            Some(k) => q.bind(k.clone()),
+            None => q,
+        }
+    }};
+}
+
+pub(crate) use bind_claim;

@@ -10,6 +10,45 @@ use sqlx::{Executor, PgConnection, PgPool, Postgres, Transaction};
 use crate::sql::{Dialect, Sql};
 use crate::{Result, StoreError};
 
+/// Binds a batch of completion rows to [`COMPLETE_SQL`] (or an `EXPLAIN` of it): one array
+/// per column.
+macro_rules! bind_completions {
+    ($q:expr, $rows:expr) => {{
+        let rows = &$rows;
+        macro_rules! col {
+            ($f:ident) => {
+                rows.iter().map(|r| r.$f.clone()).collect::<Vec<_>>()
+            };
+        }
+        $q.bind(col!(id))
+            .bind(col!(token))
+            .bind(col!(state))
+            .bind(col!(attempts))
+            .bind(col!(exceptions))
+            .bind(col!(defers))
+            .bind(col!(consecutive_auth))
+            .bind(col!(prev_delay_ms))
+            .bind(col!(first_attempt_at))
+            .bind(col!(run_at))
+            .bind(col!(defer_reason))
+            .bind(col!(dead_reason))
+            .bind(col!(last_error))
+            .bind(col!(result))
+            .bind(col!(finished_at))
+            .bind(col!(updated_at))
+            .bind(col!(has_attempt))
+            .bind(col!(worker))
+            .bind(col!(started_at))
+            .bind(col!(duration_ms))
+            .bind(col!(class))
+            .bind(col!(http_status))
+            .bind(col!(error))
+            .bind(col!(delay_ms))
+            .bind(col!(mode))
+            .bind(col!(counted))
+    }};
+}
+
 /// The PostgreSQL store, optionally inside its own schema.
 #[derive(Debug, Clone)]
 pub struct PgStore {
@@ -207,41 +246,28 @@ impl PgStore {
     ) -> Result<std::collections::HashSet<i64>> {
         let rows: Vec<crate::batch::CompletionRow> =
             cs.iter().map(crate::batch::CompletionRow::of).collect();
-        macro_rules! col {
-            ($f:ident) => {
-                rows.iter().map(|r| r.$f.clone()).collect::<Vec<_>>()
-            };
-        }
-        let applied: Vec<i64> = sqlx::query_scalar(COMPLETE_SQL)
-            .bind(col!(id))
-            .bind(col!(token))
-            .bind(col!(state))
-            .bind(col!(attempts))
-            .bind(col!(exceptions))
-            .bind(col!(defers))
-            .bind(col!(consecutive_auth))
-            .bind(col!(prev_delay_ms))
-            .bind(col!(first_attempt_at))
-            .bind(col!(run_at))
-            .bind(col!(defer_reason))
-            .bind(col!(dead_reason))
-            .bind(col!(last_error))
-            .bind(col!(result))
-            .bind(col!(finished_at))
-            .bind(col!(updated_at))
-            .bind(col!(has_attempt))
-            .bind(col!(worker))
-            .bind(col!(started_at))
-            .bind(col!(duration_ms))
-            .bind(col!(class))
-            .bind(col!(http_status))
-            .bind(col!(error))
-            .bind(col!(delay_ms))
-            .bind(col!(mode))
-            .bind(col!(counted))
+        let applied: Vec<i64> = bind_completions!(sqlx::query_scalar(COMPLETE_SQL), rows)
             .fetch_all(&self.pool)
             .await?;
         Ok(applied.into_iter().collect())
+    }
+
+    /// The plan PostgreSQL chooses (`EXPLAIN`, one line per row; nothing is written) for the
+    /// statement that completes the batch `cs`: for checks that it reaches the jobs by
+    /// primary key whatever the statistics say.
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn complete_plan(&self, cs: &[crate::Completion]) -> Result<Vec<String>> {
+        let rows: Vec<crate::batch::CompletionRow> =
+            cs.iter().map(crate::batch::CompletionRow::of).collect();
+        let sql = format!("EXPLAIN {COMPLETE_SQL}");
+        Ok(bind_completions!(
+            sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql)),
+            rows
+        )
+        .fetch_all(&self.pool)
+        .await?)
     }
 
     /// Waits for one of the process's claim permits (held for the claim statement only).
@@ -295,6 +321,14 @@ impl PgStore {
 
 /// One completion batch: the fenced update and the attempts of the rows it updated, in one
 /// statement (atomic without an explicit transaction; one round trip).
+///
+/// The jobs are found by primary key only: `t.id = ANY($1)` gives the planner an indexed,
+/// well-estimated restriction (the batch's ids), and the fence on `running` is written
+/// `(t.state || '') = 'running'` (as SQLite's `+state`) so that it cannot be answered from
+/// the partial lease index. Statistics gathered while few jobs ran (an `ANALYZE` after a bulk
+/// enqueue) put one row in that index; the planner then walked every running job and compared
+/// each with every row of the batch (3.4 s for 200 completions with 20,000 jobs running,
+/// against 5 ms by primary key), or, without the lease index, scanned the whole table.
 const COMPLETE_SQL: &str = "WITH v AS (SELECT * FROM UNNEST(CAST($1 AS INT8[]), \
       CAST($2 AS INT8[]), CAST($3 AS TEXT[]), CAST($4 AS INT8[]), CAST($5 AS INT8[]), \
       CAST($6 AS INT8[]), CAST($7 AS INT8[]), CAST($8 AS INT8[]), CAST($9 AS INT8[]), \
@@ -316,7 +350,8 @@ const COMPLETE_SQL: &str = "WITH v AS (SELECT * FROM UNNEST(CAST($1 AS INT8[]), 
       lease_owner = CASE WHEN v.state = 'running' THEN t.lease_owner END, \
       lease_expires_at = CASE WHEN v.state = 'running' THEN t.lease_expires_at END, \
       finished_at = v.finished_at, updated_at = v.updated_at \
-    FROM v WHERE t.id = v.id AND t.lease_token = v.token AND t.state = 'running' \
+    FROM v WHERE t.id = ANY(CAST($1 AS INT8[])) AND t.id = v.id AND t.lease_token = v.token \
+    AND (t.state || '') = 'running' \
     RETURNING t.id, t.replays), \
   ins AS (INSERT INTO redrive_attempts (job_id, number, replay, lease_token, worker, \
       started_at, duration_ms, class, http_status, error, delay_ms, mode, counted) \

@@ -20,11 +20,11 @@ pub(crate) struct Sql {
     pub(crate) find_by_key: Arc<str>,
     pub(crate) get_job: Arc<str>,
     pub(crate) attempts_of: Arc<str>,
-    pub(crate) claim: Arc<str>,
+    /// The claim of one queue (`$2`); claims of several are built by [`Sql::claim_many`].
     pub(crate) claim_one: Arc<str>,
-    /// `claim` and `claim_one` that take only the kinds in `$6` (a JSON array).
-    pub(crate) claim_kinds: Arc<str>,
+    /// `claim_one` that takes only the kinds in `$6` (a JSON array).
     pub(crate) claim_one_kinds: Arc<str>,
+    dialect: Dialect,
     /// Rows per insert statement.
     pub(crate) enqueue_chunk: usize,
     pub(crate) heartbeat: Arc<str>,
@@ -56,14 +56,22 @@ pub(crate) struct Sql {
     pub(crate) unpause: Arc<str>,
 }
 
+/// `QUEUES_2` is [`CLAIM_ONE_QUEUE`] (of `$2`, or of one element of it).
 const CLAIMABLE: &str = "j.state IN ('scheduled', 'available', 'deferred') AND j.run_at <= $1 \
-    AND j.queue IN JSON_TEXTS_2 \
-    AND NOT EXISTS (SELECT 1 FROM redrive_paused_queues pq WHERE pq.queue = j.queue) \
+    AND QUEUES_2 \
     AND (j.dependency IS NULL OR NOT EXISTS (SELECT 1 FROM redrive_dependencies d \
          WHERE d.name = j.dependency AND ((d.paused_until IS NOT NULL AND d.paused_until > $1) \
            OR d.mode = 'forced_open' OR (d.mode = 'normal' AND \
            ((d.state = 'open' AND (d.open_until IS NULL OR d.open_until > $1)) \
            OR (d.state = 'half_open' AND d.probe_permits <= 0))))))";
+
+/// The queue of a claim of one (`$2`): an equality the claim index walks in order, and
+/// whether it is paused asked once (an uncorrelated `NOT EXISTS`, a one-time filter). A
+/// per-row anti-join against the paused queues (`pq.queue = j.queue`) made PostgreSQL
+/// estimate that one row of a deep backlog was left, so it fetched and sorted every pending
+/// row of the queue instead of walking the claim index in order to the limit.
+const CLAIM_ONE_QUEUE: &str = "j.queue = $2 \
+    AND NOT EXISTS (SELECT 1 FROM redrive_paused_queues pq WHERE pq.queue = $2)";
 
 /// Appended to [`CLAIMABLE`] by a claim of some kinds only (`$6`, a JSON array). The list is
 /// read once per statement (on PostgreSQL an array built by an init plan, compared with
@@ -72,38 +80,7 @@ const KIND_FILTER: &str = " AND j.kind IN KINDS_6";
 
 impl Sql {
     pub(crate) fn new(dialect: Dialect) -> Self {
-        let fill = |mut s: String| -> Arc<str> {
-            for n in ["2", "6"] {
-                let kinds = match dialect {
-                    Dialect::Sqlite => format!("j.kind IN (SELECT value FROM json_each(${n}))"),
-                    Dialect::Postgres => format!(
-                        "j.kind = ANY(ARRAY(SELECT jsonb_array_elements_text(CAST(${n} AS JSONB))))"
-                    ),
-                };
-                s = s.replace(&format!("j.kind IN KINDS_{n}"), &kinds);
-            }
-            for n in ["1", "2"] {
-                let (texts, ids) = match dialect {
-                    Dialect::Sqlite => (
-                        format!("(SELECT value FROM json_each(${n}))"),
-                        format!("(SELECT value FROM json_each(${n}))"),
-                    ),
-                    Dialect::Postgres => (
-                        format!("(SELECT jsonb_array_elements_text(CAST(${n} AS JSONB)))"),
-                        format!(
-                            "(SELECT CAST(jsonb_array_elements_text(CAST(${n} AS JSONB)) AS BIGINT))"
-                        ),
-                    ),
-                };
-                s = s
-                    .replace(&format!("JSON_TEXTS_{n}"), &texts)
-                    .replace(&format!("JSON_IDS_{n}"), &ids);
-            }
-            if dialect == Dialect::Sqlite {
-                s = s.replace("GREATEST(", "MAX(");
-            }
-            Arc::from(s)
-        };
+        let fill = |s: String| fill(dialect, s);
         let claim_sql = |filter: &str| match dialect {
             Dialect::Sqlite => format!(
                 "UPDATE redrive_jobs SET state = 'running', lease_owner = $4, \
@@ -120,9 +97,9 @@ impl Sql {
                  FROM picked WHERE t.id = picked.id RETURNING t.*"
             ),
         };
-        let claim = claim_sql("");
-        let claim_kinds = claim_sql(KIND_FILTER);
-        let one = |s: &str| s.replace("j.queue IN JSON_TEXTS_2", "j.queue = $2");
+        let one = |filter: &str| claim_sql(filter).replace("QUEUES_2", CLAIM_ONE_QUEUE);
+        let claim_one = one("");
+        let claim_one_kinds = one(KIND_FILTER);
         Self {
             find_by_key: fill(format!(
                 "SELECT {JOB_COLS} FROM redrive_jobs WHERE queue = $1 AND idempotency_key = $2"
@@ -132,10 +109,9 @@ impl Sql {
                 "SELECT {ATTEMPT_COLS} FROM redrive_attempts WHERE job_id = $1 ORDER BY id"
             )),
             enqueue_chunk: 5_000,
-            claim_one: fill(one(&claim)),
-            claim: fill(claim),
-            claim_one_kinds: fill(one(&claim_kinds)),
-            claim_kinds: fill(claim_kinds),
+            claim_one: fill(claim_one),
+            claim_one_kinds: fill(claim_one_kinds),
+            dialect,
             heartbeat: fill(
                 "UPDATE redrive_jobs SET lease_expires_at = $3, updated_at = $4 \
                  WHERE id = $1 AND lease_token = $2 AND state = 'running'"
@@ -259,6 +235,82 @@ impl Sql {
                     .into(),
             ),
         }
+    }
+}
+
+/// Fills a statement's markers for one dialect (see the module's documentation).
+fn fill(dialect: Dialect, mut s: String) -> Arc<str> {
+    for n in ["2", "6"] {
+        let kinds = match dialect {
+            Dialect::Sqlite => format!("j.kind IN (SELECT value FROM json_each(${n}))"),
+            Dialect::Postgres => format!(
+                "j.kind = ANY(ARRAY(SELECT jsonb_array_elements_text(CAST(${n} AS JSONB))))"
+            ),
+        };
+        s = s.replace(&format!("j.kind IN KINDS_{n}"), &kinds);
+    }
+    for n in ["1", "2"] {
+        let (texts, ids) = match dialect {
+            Dialect::Sqlite => (
+                format!("(SELECT value FROM json_each(${n}))"),
+                format!("(SELECT value FROM json_each(${n}))"),
+            ),
+            Dialect::Postgres => (
+                format!("(SELECT jsonb_array_elements_text(CAST(${n} AS JSONB)))"),
+                format!("(SELECT CAST(jsonb_array_elements_text(CAST(${n} AS JSONB)) AS BIGINT))"),
+            ),
+        };
+        s = s
+            .replace(&format!("JSON_TEXTS_{n}"), &texts)
+            .replace(&format!("JSON_IDS_{n}"), &ids);
+    }
+    if dialect == Dialect::Sqlite {
+        s = s.replace("GREATEST(", "MAX(");
+    }
+    Arc::from(s)
+}
+
+impl Sql {
+    /// The claim of `queues` queues (`$2`, a JSON array of them), with the kinds' filter
+    /// (`$6`) if `kinds`: the first `$3` jobs of each queue, each walked in the claim index's
+    /// order, then the first `$3` of those. One `queue IN (…)` over the index would instead
+    /// fetch and sort every pending job of those queues to find the first few.
+    pub(crate) fn claim_many(&self, queues: usize, kinds: bool) -> Arc<str> {
+        let filter = if kinds { KIND_FILTER } else { "" };
+        let arm = |k: usize| {
+            let q = match self.dialect {
+                Dialect::Sqlite => format!("json_extract($2, '$[{k}]')"),
+                Dialect::Postgres => format!("(CAST($2 AS JSONB) ->> {k})"),
+            };
+            let queue = CLAIM_ONE_QUEUE.replace("$2", &q);
+            let lock = match self.dialect {
+                Dialect::Sqlite => "",
+                Dialect::Postgres => " FOR UPDATE OF j SKIP LOCKED",
+            };
+            format!(
+                "SELECT * FROM (SELECT j.id, j.priority, j.run_at FROM redrive_jobs j \
+                 WHERE {}{filter} ORDER BY j.priority, j.run_at, j.id LIMIT $3{lock}) a{k}",
+                CLAIMABLE.replace("QUEUES_2", &queue)
+            )
+        };
+        let arms = (0..queues).map(arm).collect::<Vec<_>>().join(" UNION ALL ");
+        let s = match self.dialect {
+            Dialect::Sqlite => format!(
+                "UPDATE redrive_jobs SET state = 'running', lease_owner = $4, \
+                 lease_token = lease_token + 1, lease_expires_at = $5, updated_at = $1 \
+                 WHERE id IN (SELECT c.id FROM ({arms}) c \
+                   ORDER BY c.priority, c.run_at, c.id LIMIT $3) \
+                 RETURNING {JOB_COLS}"
+            ),
+            Dialect::Postgres => format!(
+                "WITH picked AS (SELECT c.id FROM ({arms}) c \
+                   ORDER BY c.priority, c.run_at, c.id LIMIT $3) \
+                 UPDATE redrive_jobs t SET state = 'running', lease_owner = $4, \
+                 lease_token = t.lease_token + 1, lease_expires_at = $5, updated_at = $1 \
+                 FROM picked WHERE t.id = picked.id RETURNING t.*"
+            ),
+        };
+        fill(self.dialect, s)
     }
 }
 

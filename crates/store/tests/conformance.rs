@@ -182,6 +182,7 @@ conformance!(
     workers_register_beat_expire_and_flag_unhandled_kinds,
     list_by_key_across_queues,
     paused_queue_is_not_claimed_until_resumed,
+    claim_of_several_queues_takes_the_first_in_order_across_them,
     operator_pause_of_a_dependency,
     forced_breakers_decide_claims,
     run_now_brings_jobs_forward_keeping_budgets,
@@ -1676,6 +1677,36 @@ mod cases {
         let mut c = with(j, Transition::Dead { reason }, now);
         c.error = Some(error.into());
         s.complete(&c).await.unwrap();
+    }
+
+    /// A claim of several queues takes the first jobs of all of them together (priority, then
+    /// run_at, then id), at most its limit, whichever queue they are in; a paused queue of the
+    /// list gives none.
+    pub(super) async fn claim_of_several_queues_takes_the_first_in_order_across_them(s: &Store) {
+        let now = ms(T0);
+        let mut ids = std::collections::HashMap::new();
+        for (name, queue, priority, ago) in [
+            ("a-late", "a", 0, 1),
+            ("b-early", "b", 0, 5),
+            ("c-urgent", "c", -1, 0),
+            ("a-early", "a", 0, 4),
+            ("b-late", "b", 0, 2),
+            ("b-low", "b", 5, 9),
+        ] {
+            let j = job(queue).priority(priority).run_at(ms(T0 - ago * 1000));
+            ids.insert(name, s.enqueue(&j, now).await.unwrap().job.id);
+        }
+        let mut p = claim_params("a", 3, now);
+        p.queues = vec!["a".into(), "b".into(), "c".into()];
+        let got: Vec<i64> = s.claim(&p).await.unwrap().iter().map(|j| j.id).collect();
+        assert_eq!(got, [ids["c-urgent"], ids["b-early"], ids["a-early"]]);
+        assert!(s.pause_queue("b", &op(), now).await.unwrap());
+        let got: Vec<i64> = s.claim(&p).await.unwrap().iter().map(|j| j.id).collect();
+        assert_eq!(got, [ids["a-late"]], "b is paused");
+        assert!(s.resume_queue("b", &op(), now).await.unwrap());
+        p.limit = 10;
+        let got: Vec<i64> = s.claim(&p).await.unwrap().iter().map(|j| j.id).collect();
+        assert_eq!(got, [ids["b-late"], ids["b-low"]]);
     }
 
     pub(super) async fn paused_queue_is_not_claimed_until_resumed(s: &Store) {

@@ -6,15 +6,20 @@
 
 use crate::out::outln;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use redrive_policy::{FailureClass, JobCounters};
-use redrive_store::{ClaimParams, Completion, NewAttempt, NewJob, PgStore, Store, Transition};
+use redrive_store::{
+    ClaimParams, Completion, NewAttempt, NewJob, PgStore, SeedRows, Store, Transition,
+};
 use serde::Serialize;
 use serde_json::json;
 
 use crate::args::{BenchArgs, Global};
+use crate::cmd::bench_scale;
 use crate::cmd::queue::block_on;
 use crate::error::usage;
 
@@ -39,12 +44,32 @@ struct Run {
     runtime_drain_jobs_per_s: f64,
     /// runtime / store drain.
     runtime_vs_store: f64,
+    /// The same drain as plain SQL (`--ceiling`): batched claim and fenced completion, no
+    /// attempt rows, no runtime.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ceiling_drain_jobs_per_s: Option<f64>,
+    /// store drain / ceiling.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store_vs_ceiling: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
 struct Report {
     backend: &'static str,
+    /// Jobs waiting below each drain (`--backlog`).
+    backlog: u64,
+    /// Finished jobs with attempts in the tables (`--history`).
+    history: u64,
+    /// Each job's payload, bytes of JSON text.
+    payload_bytes: u64,
+    /// Seconds the bulk seeding of backlog and history took.
+    seed_seconds: f64,
     runs: Vec<Run>,
+    /// `--processes` runs (then there are no in-process runs and no pickup figures).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    processes: Vec<crate::cmd::bench_scale::ProcessRun>,
+    /// This process's peak resident memory, MiB.
+    peak_rss_mib: f64,
     pickup_latency_ms_p50: f64,
     pickup_latency_ms_p99: f64,
     pickup_samples: usize,
@@ -58,6 +83,8 @@ struct Report {
 /// A throwaway store of the same backend as `--db`.
 struct Scratch {
     store: Store,
+    /// The URL another process opens it with.
+    url: String,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -74,6 +101,7 @@ async fn scratch(db: &str, n: u32) -> anyhow::Result<Scratch> {
         );
         return Ok(Scratch {
             store: Store::connect(&url).await?,
+            url,
             _dir: Some(dir),
         });
     }
@@ -83,6 +111,7 @@ async fn scratch(db: &str, n: u32) -> anyhow::Result<Scratch> {
         let pg = PgStore::connect(base, Some(&schema), 80).await?;
         return Ok(Scratch {
             store: Store::Postgres(pg),
+            url: format!("{base}?schema={schema}"),
             _dir: None,
         });
     }
@@ -124,47 +153,114 @@ pub(crate) fn run(global: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
     } else {
         DEFAULT_PG_PRODUCERS
     });
+    if !a.processes.is_empty() && global.db.starts_with("sqlite:") {
+        return Err(usage(
+            "--processes: needs a PostgreSQL --db (SQLite has one writer per file)",
+        ));
+    }
+    let payload = match a.payload_bytes {
+        Some(b) => redrive_store::padded_payload(b as usize),
+        None => json!({}),
+    };
+    let payload_bytes = payload.to_string().len() as u64;
     block_on(async move {
         let mut runs = Vec::new();
+        let mut procs = Vec::new();
         let mut backend = "sqlite";
-        for (i, &c) in levels.iter().enumerate() {
-            let s = scratch(&global.db, i as u32).await?;
-            backend = s.store.backend();
-            let r = one_run(&s.store, a.jobs, c, producers).await;
-            let r = match r {
-                Ok(mut r) => {
-                    let pb = bar(0, format!("runtime drain (c={c})"));
-                    let rt = crate::cmd::bench_runtime::drain(
-                        &s.store,
-                        "bench-runtime",
-                        a.jobs,
-                        c * CLAIM_BATCH,
-                    )
-                    .await;
-                    pb.finish_and_clear();
-                    rt.map(|rt| {
-                        r.runtime_drain_jobs_per_s = rt;
-                        r.runtime_vs_store = rt / r.drain_jobs_per_s;
-                        r
-                    })
+        let seeded = a.backlog > 0 || a.history > 0;
+        let mut seed_seconds = 0.0;
+        // With a backlog or history, one store seeded once serves every run (each drains
+        // exactly --jobs, so the backlog stays as deep); otherwise a fresh one per run.
+        let mut shared: Option<Scratch> = None;
+        let prepare = async |n: u32| -> anyhow::Result<(Scratch, f64)> {
+            let s = scratch(&global.db, n).await?;
+            let mut secs = 0.0;
+            let pb = bar(0, "seeding history".into());
+            secs += bench_scale::seed(
+                &s.store,
+                QUEUE,
+                SeedRows::Succeeded,
+                a.history,
+                &payload,
+                Duration::from_secs(3_600),
+            )
+            .await?;
+            pb.set_message("seeding backlog");
+            secs += bench_scale::seed(
+                &s.store,
+                QUEUE,
+                SeedRows::Available,
+                a.backlog,
+                &payload,
+                Duration::from_secs(60),
+            )
+            .await?;
+            pb.finish_and_clear();
+            Ok((s, secs))
+        };
+        if !a.processes.is_empty() {
+            let c = a.concurrency.first().copied().unwrap_or(64);
+            for (i, &p) in a.processes.iter().enumerate() {
+                let (s, secs) = prepare(i as u32).await?;
+                seed_seconds += secs;
+                backend = s.store.backend();
+                let pb = bar(0, format!("{p} processes (c={c})"));
+                let run = bench_scale::Processes {
+                    jobs: a.jobs,
+                    backlog: a.backlog,
+                    processes: p,
+                    concurrency: c,
+                };
+                let r = bench_scale::processes(&s.store, &s.url, QUEUE, run, &payload).await;
+                pb.finish_and_clear();
+                cleanup(s).await;
+                procs.push(r?);
+            }
+        } else {
+            for (i, &c) in levels.iter().enumerate() {
+                let s = match shared.take() {
+                    Some(s) => s,
+                    None => {
+                        let (s, secs) = prepare(i as u32).await?;
+                        seed_seconds += secs;
+                        s
+                    }
+                };
+                backend = s.store.backend();
+                let r = level(&s.store, a.jobs, c, producers, &payload, a.ceiling).await;
+                if seeded && r.is_ok() {
+                    shared = Some(s);
+                } else {
+                    cleanup(s).await;
                 }
-                Err(e) => Err(e),
-            };
-            cleanup(s).await;
-            runs.push(r?);
+                runs.push(r?);
+            }
+            if let Some(s) = shared.take() {
+                cleanup(s).await;
+            }
         }
-        let s = scratch(&global.db, 9_999).await?;
-        let lat = pickup(&s.store, 200).await;
-        cleanup(s).await;
-        let lat = lat?;
-        let s = scratch(&global.db, 10_000).await?;
-        let due =
-            crate::cmd::bench_runtime::scheduled_pickup(&s.store, "bench-scheduled", 200).await;
-        cleanup(s).await;
-        let due = due?;
+        let (lat, due) = if a.processes.is_empty() {
+            let s = scratch(&global.db, 9_999).await?;
+            let lat = pickup(&s.store, 200).await;
+            cleanup(s).await;
+            let lat = lat?;
+            let s = scratch(&global.db, 10_000).await?;
+            let due =
+                crate::cmd::bench_runtime::scheduled_pickup(&s.store, "bench-scheduled", 200).await;
+            cleanup(s).await;
+            (lat, due?)
+        } else {
+            (Vec::new(), Vec::new())
+        };
         let report = Report {
             backend,
+            backlog: a.backlog,
+            history: a.history,
+            payload_bytes,
+            seed_seconds,
             runs,
+            processes: procs,
+            peak_rss_mib: bench_scale::own_peak_rss_mib(),
             pickup_latency_ms_p50: pct(&lat, 0.50),
             pickup_latency_ms_p99: pct(&lat, 0.99),
             pickup_samples: lat.len(),
@@ -176,41 +272,88 @@ pub(crate) fn run(global: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
             outln!("{}", serde_json::to_string_pretty(&report)?);
         } else {
             outln!(
-                "backend {}, {} noop jobs per run, enqueued by {} producer(s) in transactions of {ENQUEUE_BATCH}",
+                "backend {}, {} noop jobs per run of {} B payloads, enqueued by {} producer(s) in transactions of up to {ENQUEUE_BATCH}",
                 report.backend,
                 a.jobs,
+                report.payload_bytes,
                 producers
             );
             outln!(
-                "{:>11} {:>16} {:>16} {:>22} {:>9}",
-                "concurrency",
-                "enqueue jobs/s",
-                "drain jobs/s",
-                "runtime drain jobs/s",
-                "runtime"
+                "backlog {} jobs waiting, history {} finished jobs (seeded in {:.1} s)",
+                report.backlog,
+                report.history,
+                report.seed_seconds
             );
-            for r in &report.runs {
+            if !report.runs.is_empty() {
                 outln!(
-                    "{:>11} {:>16.0} {:>16.0} {:>22.0} {:>8.0}%",
+                    "{:>11} {:>16} {:>16} {:>22} {:>9} {:>16} {:>9}",
+                    "concurrency",
+                    "enqueue jobs/s",
+                    "drain jobs/s",
+                    "runtime drain jobs/s",
+                    "runtime",
+                    "ceiling jobs/s",
+                    "store"
+                );
+            }
+            for r in &report.runs {
+                let (ceiling, of) = match (r.ceiling_drain_jobs_per_s, r.store_vs_ceiling) {
+                    (Some(c), Some(f)) => (format!("{c:.0}"), format!("{:.0}%", f * 100.0)),
+                    _ => ("-".into(), "-".into()),
+                };
+                outln!(
+                    "{:>11} {:>16.0} {:>16.0} {:>22.0} {:>8.0}% {:>16} {:>9}",
                     r.concurrency,
                     r.enqueue_jobs_per_s,
                     r.drain_jobs_per_s,
                     r.runtime_drain_jobs_per_s,
-                    r.runtime_vs_store * 100.0
+                    r.runtime_vs_store * 100.0,
+                    ceiling,
+                    of
                 );
             }
-            outln!(
-                "pickup latency (idle worker, job due now): p50 {:.1} ms, p99 {:.1} ms over {} jobs",
-                report.pickup_latency_ms_p50,
-                report.pickup_latency_ms_p99,
-                report.pickup_samples
-            );
-            outln!(
-                "pickup latency (idle runtime worker, job due 100 ms after enqueue, from its run_at): p50 {:.1} ms, p99 {:.1} ms over {} jobs",
-                report.scheduled_pickup_latency_ms_p50,
-                report.scheduled_pickup_latency_ms_p99,
-                report.scheduled_pickup_samples
-            );
+            for p in &report.processes {
+                outln!(
+                    "{} process(es) x c={}: {} jobs, total drain {:.0} jobs/s ({:.0} per process) over {:.2} s (wall {:.2} s), peak RSS {:.1} MiB",
+                    p.processes,
+                    p.concurrency,
+                    p.jobs,
+                    p.drain_jobs_per_s,
+                    p.per_process_jobs_per_s,
+                    p.drain_seconds,
+                    p.wall_seconds,
+                    p.peak_rss_mib
+                );
+                let shares: Vec<String> = p
+                    .per_process
+                    .iter()
+                    .map(|s| {
+                        format!(
+                            "{:.0}% ({:.0} MiB, {} of {} claims empty)",
+                            s.share * 100.0,
+                            s.peak_rss_mib,
+                            s.empty_claims,
+                            s.claims
+                        )
+                    })
+                    .collect();
+                outln!("  shares: {}", shares.join(", "));
+            }
+            if report.processes.is_empty() {
+                outln!(
+                    "pickup latency (idle worker, job due now): p50 {:.1} ms, p99 {:.1} ms over {} jobs",
+                    report.pickup_latency_ms_p50,
+                    report.pickup_latency_ms_p99,
+                    report.pickup_samples
+                );
+                outln!(
+                    "pickup latency (idle runtime worker, job due 100 ms after enqueue, from its run_at): p50 {:.1} ms, p99 {:.1} ms over {} jobs",
+                    report.scheduled_pickup_latency_ms_p50,
+                    report.scheduled_pickup_latency_ms_p99,
+                    report.scheduled_pickup_samples
+                );
+            }
+            outln!("bench peak RSS {:.1} MiB", report.peak_rss_mib);
         }
         Ok(ExitCode::SUCCESS)
     })
@@ -225,13 +368,63 @@ fn pct(v: &[f64], q: f64) -> f64 {
     v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
+/// One concurrency level: the store-level drain (after a timed enqueue), the ceiling if
+/// asked, and the runtime drain, each of exactly `jobs` claims from the top of the queue.
+async fn level(
+    store: &Store,
+    jobs: u64,
+    c: u32,
+    producers: u32,
+    payload: &serde_json::Value,
+    ceiling: bool,
+) -> anyhow::Result<Run> {
+    let mut r = one_run(store, jobs, c, producers, payload).await?;
+    if ceiling {
+        bench_scale::seed(
+            store,
+            QUEUE,
+            SeedRows::Available,
+            jobs,
+            payload,
+            Duration::ZERO,
+        )
+        .await?;
+        let pb = bar(0, format!("ceiling drain (c={c})"));
+        let ceil = bench_scale::ceiling(store, QUEUE, jobs, c).await;
+        pb.finish_and_clear();
+        let ceil = ceil?;
+        r.ceiling_drain_jobs_per_s = Some(ceil);
+        r.store_vs_ceiling = Some(r.drain_jobs_per_s / ceil);
+    }
+    bench_scale::seed(
+        store,
+        QUEUE,
+        SeedRows::Available,
+        jobs,
+        payload,
+        Duration::ZERO,
+    )
+    .await?;
+    let pb = bar(0, format!("runtime drain (c={c})"));
+    let rt = crate::cmd::bench_runtime::drain(store, QUEUE, jobs, c * CLAIM_BATCH).await;
+    pb.finish_and_clear();
+    let rt = rt?;
+    r.runtime_drain_jobs_per_s = rt;
+    r.runtime_vs_store = rt / r.drain_jobs_per_s;
+    Ok(r)
+}
+
 async fn one_run(
     store: &Store,
     jobs: u64,
     concurrency: u32,
     producers: u32,
+    payload: &serde_json::Value,
 ) -> anyhow::Result<Run> {
     let now = chrono::Utc::now();
+    // Up to 5,000 jobs per transaction, fewer with big payloads (about 16 MiB of them).
+    let per_batch = (16 << 20) / payload.to_string().len().max(1);
+    let per_batch = per_batch.clamp(1, ENQUEUE_BATCH);
     let pb = bar(jobs, format!("enqueue (c={concurrency})"));
     let t = Instant::now();
     let mut tasks = Vec::new();
@@ -240,11 +433,12 @@ async fn one_run(
         let mut left = jobs / u64::from(producers) + u64::from(p < jobs % u64::from(producers));
         let store = store.clone();
         let pb = pb.clone();
+        let payload = payload.clone();
         tasks.push(tokio::spawn(async move {
             while left > 0 {
-                let n = left.min(ENQUEUE_BATCH as u64) as usize;
+                let n = left.min(per_batch as u64) as usize;
                 let batch: Vec<NewJob> = (0..n)
-                    .map(|_| NewJob::new(QUEUE, "noop", json!({})))
+                    .map(|_| NewJob::new(QUEUE, "noop", payload.clone()))
                     .collect();
                 store.enqueue_many(&batch, now).await?;
                 left -= n as u64;
@@ -260,12 +454,14 @@ async fn one_run(
     pb.finish_and_clear();
 
     let pb = bar(jobs, format!("drain (c={concurrency})"));
+    let left = Arc::new(AtomicU64::new(jobs));
     let t = Instant::now();
     let mut tasks = Vec::new();
     for w in 0..concurrency {
         let store = store.clone();
         let pb = pb.clone();
-        tasks.push(tokio::spawn(async move { drain(store, w, pb).await }));
+        let left = left.clone();
+        tasks.push(tokio::spawn(async move { drain(store, w, left, pb).await }));
     }
     let mut done = 0;
     for t in tasks {
@@ -285,32 +481,41 @@ async fn one_run(
         drain_seconds: drain_s,
         runtime_drain_jobs_per_s: 0.0,
         runtime_vs_store: 0.0,
+        ceiling_drain_jobs_per_s: None,
+        store_vs_ceiling: None,
     })
 }
 
-async fn drain(store: Store, w: u32, pb: ProgressBar) -> anyhow::Result<u64> {
+/// Claims and completes batches until `left` (shared by the drain's tasks) is used up or the
+/// queue runs dry.
+async fn drain(store: Store, w: u32, left: Arc<AtomicU64>, pb: ProgressBar) -> anyhow::Result<u64> {
     let mut n = 0;
     loop {
+        let take = bench_scale::reserve(&left, u64::from(CLAIM_BATCH));
+        if take == 0 {
+            return Ok(n);
+        }
         let now = chrono::Utc::now();
         let got = store
             .claim(&ClaimParams {
                 queues: vec![QUEUE.into()],
                 kinds: redrive_store::Kinds::only(["noop"]),
                 worker: format!("bench-{w}"),
-                limit: CLAIM_BATCH,
+                limit: take as u32,
                 lease: Duration::from_secs(60),
                 now,
             })
             .await?;
-        if got.is_empty() {
-            return Ok(n);
-        }
         let cs: Vec<Completion> = got.iter().map(|j| succeed(j, now)).collect();
         for r in store.complete_many(&cs).await? {
             r?;
         }
         n += got.len() as u64;
         pb.inc(got.len() as u64);
+        if (got.len() as u64) < take {
+            left.fetch_add(take - got.len() as u64, Ordering::SeqCst);
+            return Ok(n);
+        }
     }
 }
 

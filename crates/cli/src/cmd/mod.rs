@@ -2,6 +2,7 @@
 
 pub(crate) mod bench;
 pub(crate) mod bench_runtime;
+pub(crate) mod bench_scale;
 pub(crate) mod demo;
 pub(crate) mod demo_scenario;
 pub(crate) mod idempotency;

@@ -104,13 +104,15 @@ pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
             worker.run(stop).await?
         };
         outln!(
-            "succeeded {}, dead {}, deferred {}, released {}, lease lost {}, attempts {}",
+            "succeeded {}, dead {}, deferred {}, released {}, lease lost {}, attempts {}, claims {} ({} empty)",
             total.succeeded,
             total.dead,
             total.deferred,
             total.released,
             total.lease_lost,
-            total.attempts
+            total.attempts,
+            total.claims,
+            total.empty_claims
         );
         Ok(ExitCode::SUCCESS)
     })
