@@ -13,66 +13,48 @@ use crate::error::IdempotencyStoreError;
 /// Idempotency records in PostgreSQL (shared by every process of the fleet).
 pub type PostgresIdempotencyStore = SqlIdempotencyStore<Postgres>;
 
-const DELETE_EXPIRED_ONE: &str = "DELETE FROM idempotency_keys WHERE scope = $1 AND idem_key = $2 AND state = 'completed' AND expires_at <= now()";
-const INSERT: &str = "INSERT INTO idempotency_keys (scope, idem_key, request_method, request_path, fingerprint, state, lock_token, locked_until, expires_at) \
+const STATEMENTS: Statements = Statements {
+    begin_claim: "BEGIN",
+    delete_expired_one: "DELETE FROM idempotency_keys WHERE scope = $1 AND idem_key = $2 AND state = 'completed' AND expires_at <= now()",
+    insert: "INSERT INTO idempotency_keys (scope, idem_key, request_method, request_path, fingerprint, state, lock_token, locked_until, expires_at) \
      VALUES ($1, $2, $3, $4, $5, 'in_progress', $6, now() + $7::bigint * interval '1 millisecond', now() + $8::bigint * interval '1 millisecond') \
-     ON CONFLICT (scope, idem_key) DO NOTHING RETURNING id";
-const SELECT_EXISTING: &str = "SELECT id, fingerprint, state, recovery_point, lock_token, \
+     ON CONFLICT (scope, idem_key) DO NOTHING RETURNING id",
+    select_existing: "SELECT id, fingerprint, state, recovery_point, lock_token, \
      (locked_until IS NOT NULL AND locked_until > now()), \
      response_status, response_headers::text, response_body, replay_unavailable \
-     FROM idempotency_keys WHERE scope = $1 AND idem_key = $2 FOR UPDATE";
-const TAKE_OVER: &str = "UPDATE idempotency_keys SET lock_token = $2, locked_until = now() + $3::bigint * interval '1 millisecond', \
+     FROM idempotency_keys WHERE scope = $1 AND idem_key = $2 FOR UPDATE",
+    take_over: "UPDATE idempotency_keys SET lock_token = $2, locked_until = now() + $3::bigint * interval '1 millisecond', \
      last_run_at = now(), attempts = attempts + 1 \
      WHERE id = $1 AND state = 'in_progress' AND (locked_until IS NULL OR locked_until <= now()) \
-     RETURNING recovery_point, attempts";
-const HEARTBEAT: &str = "UPDATE idempotency_keys SET locked_until = now() + $3::bigint * interval '1 millisecond' \
-     WHERE id = $1 AND lock_token = $2 AND state = 'in_progress'";
-const ADVANCE: &str = "UPDATE idempotency_keys SET recovery_point = $3 WHERE id = $1 AND lock_token = $2 AND state = 'in_progress'";
-const FINALISE: &str = "UPDATE idempotency_keys SET state = 'completed', recovery_point = 'finished', response_status = $3, \
+     RETURNING recovery_point, attempts",
+    heartbeat: "UPDATE idempotency_keys SET locked_until = now() + $3::bigint * interval '1 millisecond' \
+     WHERE id = $1 AND lock_token = $2 AND state = 'in_progress'",
+    advance: "UPDATE idempotency_keys SET recovery_point = $3 WHERE id = $1 AND lock_token = $2 AND state = 'in_progress'",
+    finalise: "UPDATE idempotency_keys SET state = 'completed', recovery_point = 'finished', response_status = $3, \
      response_headers = $4::jsonb, response_body = $5, replay_unavailable = $6, completed_at = now(), \
-     lock_token = NULL, locked_until = NULL WHERE id = $1 AND lock_token = $2 AND state = 'in_progress'";
-const RELEASE: &str = "UPDATE idempotency_keys SET lock_token = NULL, locked_until = NULL WHERE id = $1 AND lock_token = $2 AND state = 'in_progress'";
-const GET: &str = "SELECT id, state, request_method, request_path, recovery_point, attempts, \
+     lock_token = NULL, locked_until = NULL WHERE id = $1 AND lock_token = $2 AND state = 'in_progress'",
+    release: "UPDATE idempotency_keys SET lock_token = NULL, locked_until = NULL WHERE id = $1 AND lock_token = $2 AND state = 'in_progress'",
+    get: "SELECT id, state, request_method, request_path, recovery_point, attempts, \
      (locked_until IS NOT NULL AND locked_until > now()), lock_token IS NOT NULL, response_status \
-     FROM idempotency_keys WHERE scope = $1 AND idem_key = $2";
-const RECOVER_RELEASE: &str = "UPDATE idempotency_keys SET lock_token = NULL, locked_until = NULL \
-     WHERE scope = $1 AND idem_key = $2 AND state = 'in_progress' AND (locked_until IS NULL OR locked_until <= now())";
-const RECOVER_COMPLETE: &str = "UPDATE idempotency_keys SET state = 'completed', recovery_point = 'finished', response_status = $3, \
+     FROM idempotency_keys WHERE scope = $1 AND idem_key = $2",
+    recover_release: "UPDATE idempotency_keys SET lock_token = NULL, locked_until = NULL \
+     WHERE scope = $1 AND idem_key = $2 AND state = 'in_progress' AND (locked_until IS NULL OR locked_until <= now())",
+    recover_complete: "UPDATE idempotency_keys SET state = 'completed', recovery_point = 'finished', response_status = $3, \
      response_headers = $4::jsonb, response_body = $5, replay_unavailable = $6, completed_at = now(), lock_token = NULL, locked_until = NULL \
-     WHERE scope = $1 AND idem_key = $2 AND state = 'in_progress' AND (locked_until IS NULL OR locked_until <= now())";
-const RECOVER_DELETE: &str = "DELETE FROM idempotency_keys WHERE scope = $1 AND idem_key = $2 AND state = 'in_progress' \
-     AND (locked_until IS NULL OR locked_until <= now())";
-const REAP: &str = "DELETE FROM idempotency_keys WHERE id IN (SELECT id FROM idempotency_keys \
-     WHERE state = 'completed' AND expires_at <= now() LIMIT $1)";
-const STUCK: &str = "SELECT COUNT(*) FILTER (WHERE expires_at <= now()), \
+     WHERE scope = $1 AND idem_key = $2 AND state = 'in_progress' AND (locked_until IS NULL OR locked_until <= now())",
+    recover_delete: "DELETE FROM idempotency_keys WHERE scope = $1 AND idem_key = $2 AND state = 'in_progress' \
+     AND (locked_until IS NULL OR locked_until <= now())",
+    reap: "DELETE FROM idempotency_keys WHERE id IN (SELECT id FROM idempotency_keys \
+     WHERE state = 'completed' AND expires_at <= now() LIMIT $1)",
+    stuck: "SELECT COUNT(*) FILTER (WHERE expires_at <= now()), \
      COUNT(*) FILTER (WHERE lock_token IS NOT NULL AND locked_until <= now()) \
-     FROM idempotency_keys WHERE state = 'in_progress'";
-
-const LIST: &str = "SELECT id, scope, idem_key, state, request_method, request_path, recovery_point, attempts, \
+     FROM idempotency_keys WHERE state = 'in_progress'",
+    list: "SELECT id, scope, idem_key, state, request_method, request_path, recovery_point, attempts, \
      (locked_until IS NOT NULL AND locked_until > now()), lock_token IS NOT NULL, response_status, \
      (EXTRACT(EPOCH FROM created_at) * 1000)::bigint, (EXTRACT(EPOCH FROM last_run_at) * 1000)::bigint \
      FROM idempotency_keys WHERE id > $1 AND ($2::text IS NULL OR scope = $2) AND ({filter}) \
-     ORDER BY id LIMIT $3";
-const LIVE: &str = "locked_until IS NOT NULL AND locked_until > now()";
-
-const STATEMENTS: Statements = Statements {
-    begin_claim: "BEGIN",
-    delete_expired_one: DELETE_EXPIRED_ONE,
-    insert: INSERT,
-    select_existing: SELECT_EXISTING,
-    take_over: TAKE_OVER,
-    heartbeat: HEARTBEAT,
-    advance: ADVANCE,
-    finalise: FINALISE,
-    release: RELEASE,
-    get: GET,
-    recover_release: RECOVER_RELEASE,
-    recover_complete: RECOVER_COMPLETE,
-    recover_delete: RECOVER_DELETE,
-    reap: REAP,
-    stuck: STUCK,
-    list: LIST,
-    live: LIVE,
+     ORDER BY id LIMIT $3",
+    live: "locked_until IS NOT NULL AND locked_until > now()",
 };
 
 impl Dialect for Postgres {

@@ -29,129 +29,111 @@ macro_rules! now_ms {
     };
 }
 
-const DELETE_EXPIRED_ONE: &str = concat!(
-    "DELETE FROM idempotency_keys WHERE scope = ?1 AND idem_key = ?2 AND state = 'completed' AND expires_at <= ",
-    now_ms!()
-);
-const INSERT: &str = concat!(
-    "INSERT INTO idempotency_keys (scope, idem_key, request_method, request_path, fingerprint, state, lock_token, locked_until, created_at, last_run_at, expires_at) ",
-    "VALUES (?1, ?2, ?3, ?4, ?5, 'in_progress', ?6, ",
-    now_ms!(),
-    " + ?7, ",
-    now_ms!(),
-    ", ",
-    now_ms!(),
-    ", ",
-    now_ms!(),
-    " + ?8) ",
-    "ON CONFLICT (scope, idem_key) DO NOTHING RETURNING id"
-);
-const SELECT_EXISTING: &str = concat!(
-    "SELECT id, fingerprint, state, recovery_point, lock_token, ",
-    "(locked_until IS NOT NULL AND locked_until > ",
-    now_ms!(),
-    "), ",
-    "response_status, response_headers, response_body, replay_unavailable ",
-    "FROM idempotency_keys WHERE scope = ?1 AND idem_key = ?2"
-);
-const TAKE_OVER: &str = concat!(
-    "UPDATE idempotency_keys SET lock_token = ?2, locked_until = ",
-    now_ms!(),
-    " + ?3, last_run_at = ",
-    now_ms!(),
-    ", attempts = attempts + 1 ",
-    "WHERE id = ?1 AND state = 'in_progress' AND (locked_until IS NULL OR locked_until <= ",
-    now_ms!(),
-    ") ",
-    "RETURNING recovery_point, attempts"
-);
-const HEARTBEAT: &str = concat!(
-    "UPDATE idempotency_keys SET locked_until = ",
-    now_ms!(),
-    " + ?3 ",
-    "WHERE id = ?1 AND lock_token = ?2 AND state = 'in_progress'"
-);
-const ADVANCE: &str = "UPDATE idempotency_keys SET recovery_point = ?3 WHERE id = ?1 AND lock_token = ?2 AND state = 'in_progress'";
-const FINALISE: &str = concat!(
-    "UPDATE idempotency_keys SET state = 'completed', recovery_point = 'finished', response_status = ?3, ",
-    "response_headers = ?4, response_body = ?5, replay_unavailable = ?6, completed_at = ",
-    now_ms!(),
-    ", ",
-    "lock_token = NULL, locked_until = NULL WHERE id = ?1 AND lock_token = ?2 AND state = 'in_progress'"
-);
-const RELEASE: &str = "UPDATE idempotency_keys SET lock_token = NULL, locked_until = NULL WHERE id = ?1 AND lock_token = ?2 AND state = 'in_progress'";
-const GET: &str = concat!(
-    "SELECT id, state, request_method, request_path, recovery_point, attempts, ",
-    "(locked_until IS NOT NULL AND locked_until > ",
-    now_ms!(),
-    "), lock_token IS NOT NULL, response_status ",
-    "FROM idempotency_keys WHERE scope = ?1 AND idem_key = ?2"
-);
-const RECOVER_RELEASE: &str = concat!(
-    "UPDATE idempotency_keys SET lock_token = NULL, locked_until = NULL ",
-    "WHERE scope = ?1 AND idem_key = ?2 AND state = 'in_progress' AND (locked_until IS NULL OR locked_until <= ",
-    now_ms!(),
-    ")"
-);
-const RECOVER_COMPLETE: &str = concat!(
-    "UPDATE idempotency_keys SET state = 'completed', recovery_point = 'finished', response_status = ?3, ",
-    "response_headers = ?4, response_body = ?5, replay_unavailable = ?6, completed_at = ",
-    now_ms!(),
-    ", lock_token = NULL, locked_until = NULL ",
-    "WHERE scope = ?1 AND idem_key = ?2 AND state = 'in_progress' AND (locked_until IS NULL OR locked_until <= ",
-    now_ms!(),
-    ")"
-);
-const RECOVER_DELETE: &str = concat!(
-    "DELETE FROM idempotency_keys WHERE scope = ?1 AND idem_key = ?2 AND state = 'in_progress' ",
-    "AND (locked_until IS NULL OR locked_until <= ",
-    now_ms!(),
-    ")"
-);
-const REAP: &str = concat!(
-    "DELETE FROM idempotency_keys WHERE id IN (SELECT id FROM idempotency_keys ",
-    "WHERE state = 'completed' AND expires_at <= ",
-    now_ms!(),
-    " LIMIT ?1)"
-);
-const STUCK: &str = concat!(
-    "SELECT COALESCE(SUM(expires_at <= ",
-    now_ms!(),
-    "), 0), ",
-    "COALESCE(SUM(lock_token IS NOT NULL AND locked_until <= ",
-    now_ms!(),
-    "), 0) ",
-    "FROM idempotency_keys WHERE state = 'in_progress'"
-);
-
-const LIST: &str = concat!(
-    "SELECT id, scope, idem_key, state, request_method, request_path, recovery_point, attempts, ",
-    "(locked_until IS NOT NULL AND locked_until > ",
-    now_ms!(),
-    "), lock_token IS NOT NULL, response_status, created_at, last_run_at ",
-    "FROM idempotency_keys WHERE id > ?1 AND (?2 IS NULL OR scope = ?2) AND ({filter}) ",
-    "ORDER BY id LIMIT ?3"
-);
-const LIVE: &str = concat!("locked_until IS NOT NULL AND locked_until > ", now_ms!());
-
 const STATEMENTS: Statements = Statements {
     begin_claim: "BEGIN IMMEDIATE",
-    delete_expired_one: DELETE_EXPIRED_ONE,
-    insert: INSERT,
-    select_existing: SELECT_EXISTING,
-    take_over: TAKE_OVER,
-    heartbeat: HEARTBEAT,
-    advance: ADVANCE,
-    finalise: FINALISE,
-    release: RELEASE,
-    get: GET,
-    recover_release: RECOVER_RELEASE,
-    recover_complete: RECOVER_COMPLETE,
-    recover_delete: RECOVER_DELETE,
-    reap: REAP,
-    stuck: STUCK,
-    list: LIST,
-    live: LIVE,
+    delete_expired_one: concat!(
+        "DELETE FROM idempotency_keys WHERE scope = ?1 AND idem_key = ?2 AND state = 'completed' AND expires_at <= ",
+        now_ms!()
+    ),
+    insert: concat!(
+        "INSERT INTO idempotency_keys (scope, idem_key, request_method, request_path, fingerprint, state, lock_token, locked_until, created_at, last_run_at, expires_at) ",
+        "VALUES (?1, ?2, ?3, ?4, ?5, 'in_progress', ?6, ",
+        now_ms!(),
+        " + ?7, ",
+        now_ms!(),
+        ", ",
+        now_ms!(),
+        ", ",
+        now_ms!(),
+        " + ?8) ",
+        "ON CONFLICT (scope, idem_key) DO NOTHING RETURNING id"
+    ),
+    select_existing: concat!(
+        "SELECT id, fingerprint, state, recovery_point, lock_token, ",
+        "(locked_until IS NOT NULL AND locked_until > ",
+        now_ms!(),
+        "), ",
+        "response_status, response_headers, response_body, replay_unavailable ",
+        "FROM idempotency_keys WHERE scope = ?1 AND idem_key = ?2"
+    ),
+    take_over: concat!(
+        "UPDATE idempotency_keys SET lock_token = ?2, locked_until = ",
+        now_ms!(),
+        " + ?3, last_run_at = ",
+        now_ms!(),
+        ", attempts = attempts + 1 ",
+        "WHERE id = ?1 AND state = 'in_progress' AND (locked_until IS NULL OR locked_until <= ",
+        now_ms!(),
+        ") ",
+        "RETURNING recovery_point, attempts"
+    ),
+    heartbeat: concat!(
+        "UPDATE idempotency_keys SET locked_until = ",
+        now_ms!(),
+        " + ?3 ",
+        "WHERE id = ?1 AND lock_token = ?2 AND state = 'in_progress'"
+    ),
+    advance: "UPDATE idempotency_keys SET recovery_point = ?3 WHERE id = ?1 AND lock_token = ?2 AND state = 'in_progress'",
+    finalise: concat!(
+        "UPDATE idempotency_keys SET state = 'completed', recovery_point = 'finished', response_status = ?3, ",
+        "response_headers = ?4, response_body = ?5, replay_unavailable = ?6, completed_at = ",
+        now_ms!(),
+        ", ",
+        "lock_token = NULL, locked_until = NULL WHERE id = ?1 AND lock_token = ?2 AND state = 'in_progress'"
+    ),
+    release: "UPDATE idempotency_keys SET lock_token = NULL, locked_until = NULL WHERE id = ?1 AND lock_token = ?2 AND state = 'in_progress'",
+    get: concat!(
+        "SELECT id, state, request_method, request_path, recovery_point, attempts, ",
+        "(locked_until IS NOT NULL AND locked_until > ",
+        now_ms!(),
+        "), lock_token IS NOT NULL, response_status ",
+        "FROM idempotency_keys WHERE scope = ?1 AND idem_key = ?2"
+    ),
+    recover_release: concat!(
+        "UPDATE idempotency_keys SET lock_token = NULL, locked_until = NULL ",
+        "WHERE scope = ?1 AND idem_key = ?2 AND state = 'in_progress' AND (locked_until IS NULL OR locked_until <= ",
+        now_ms!(),
+        ")"
+    ),
+    recover_complete: concat!(
+        "UPDATE idempotency_keys SET state = 'completed', recovery_point = 'finished', response_status = ?3, ",
+        "response_headers = ?4, response_body = ?5, replay_unavailable = ?6, completed_at = ",
+        now_ms!(),
+        ", lock_token = NULL, locked_until = NULL ",
+        "WHERE scope = ?1 AND idem_key = ?2 AND state = 'in_progress' AND (locked_until IS NULL OR locked_until <= ",
+        now_ms!(),
+        ")"
+    ),
+    recover_delete: concat!(
+        "DELETE FROM idempotency_keys WHERE scope = ?1 AND idem_key = ?2 AND state = 'in_progress' ",
+        "AND (locked_until IS NULL OR locked_until <= ",
+        now_ms!(),
+        ")"
+    ),
+    reap: concat!(
+        "DELETE FROM idempotency_keys WHERE id IN (SELECT id FROM idempotency_keys ",
+        "WHERE state = 'completed' AND expires_at <= ",
+        now_ms!(),
+        " LIMIT ?1)"
+    ),
+    stuck: concat!(
+        "SELECT COALESCE(SUM(expires_at <= ",
+        now_ms!(),
+        "), 0), ",
+        "COALESCE(SUM(lock_token IS NOT NULL AND locked_until <= ",
+        now_ms!(),
+        "), 0) ",
+        "FROM idempotency_keys WHERE state = 'in_progress'"
+    ),
+    list: concat!(
+        "SELECT id, scope, idem_key, state, request_method, request_path, recovery_point, attempts, ",
+        "(locked_until IS NOT NULL AND locked_until > ",
+        now_ms!(),
+        "), lock_token IS NOT NULL, response_status, created_at, last_run_at ",
+        "FROM idempotency_keys WHERE id > ?1 AND (?2 IS NULL OR scope = ?2) AND ({filter}) ",
+        "ORDER BY id LIMIT ?3"
+    ),
+    live: concat!("locked_until IS NOT NULL AND locked_until > ", now_ms!()),
 };
 
 impl Dialect for Sqlite {
