@@ -473,6 +473,8 @@ pub(crate) struct ServeArgs {
     /// A host name (with an optional port) the service answers as besides localhost,
     /// 127.0.0.1 and [::1] (repeatable). Other `Host` headers get 421: always without a token,
     /// and with one once any --public-host is given.
+    // `[::1]` is help text, not an intra-doc link.
+    #[allow(rustdoc::broken_intra_doc_links)]
     #[arg(long = "public-host", value_name = "HOST[:PORT]", value_parser = parse_public_host)]
     pub(crate) public_hosts: Vec<String>,
     /// Mark the dashboard's session cookie `Secure` (when served behind TLS).

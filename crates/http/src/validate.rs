@@ -185,6 +185,124 @@ pub fn run_at_after(delay: Duration, now: Timestamp) -> Result<Timestamp, Enqueu
         .map_err(|_| EnqueueError::invalid("delay", "", "too long"))
 }
 
+/// When a new job first runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RunAt {
+    /// As soon as a worker is free.
+    #[default]
+    Now,
+    /// After a delay from the time of the enqueue (at most [`MAX_DELAY`]).
+    After(Duration),
+    /// At this time.
+    At(Timestamp),
+}
+
+/// A job as `redrive enqueue`, `POST /v1/jobs` and the schedules ask for it, before its
+/// defaults are filled in: the one assembly of a [`NewJob`] every front door shares.
+///
+/// # Defaults
+/// `priority` 0; `max_attempts` and `ttl` from the policy; `dependency`, for the `http`
+/// kind, the URL's host ([`default_dependency`]); `run_at` now.
+///
+/// # Example
+/// ```
+/// use redrive_http::validate::{JobRequest, RunAt};
+/// let policies = redrive_policy::PolicySet::builtin();
+/// let policy = policies.get("payment").unwrap();
+/// let now = chrono::Utc::now();
+/// let job = JobRequest::new("payments", "http", serde_json::json!({
+///     "method": "POST", "url": "https://psp.example:8443/charges",
+/// }))
+/// .build(policy, now)
+/// .unwrap();
+/// assert_eq!(job.dependency.as_deref(), Some("psp.example:8443"));
+/// assert!(JobRequest { run_at: RunAt::After(std::time::Duration::from_secs(400 * 86_400)),
+///     ..JobRequest::new("q", "noop", serde_json::json!({})) }
+///     .build(policy, now).is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobRequest {
+    /// The queue.
+    pub queue: String,
+    /// The kind (the handler that runs it).
+    pub kind: String,
+    /// The payload.
+    pub payload: Value,
+    /// The dedupe key in the queue.
+    pub key: Option<String>,
+    /// The priority; 0 when not given.
+    pub priority: Option<i32>,
+    /// The attempt budget; the policy's when not given.
+    pub max_attempts: Option<u32>,
+    /// The dependency (breaker) name; for `http` jobs the URL's host when not given.
+    pub dependency: Option<String>,
+    /// When it first runs.
+    pub run_at: RunAt,
+    /// The card key the networks' reattempt quotas count against (never a card number).
+    pub quota_key: Option<String>,
+}
+
+impl JobRequest {
+    /// A request for `kind` on `queue` with every optional field at its default.
+    #[must_use]
+    pub fn new(queue: impl Into<String>, kind: impl Into<String>, payload: Value) -> Self {
+        Self {
+            queue: queue.into(),
+            kind: kind.into(),
+            payload,
+            key: None,
+            priority: None,
+            max_attempts: None,
+            dependency: None,
+            run_at: RunAt::Now,
+            quota_key: None,
+        }
+    }
+
+    /// The job with its defaults filled in, not yet validated (a schedule validates its
+    /// own fields first).
+    ///
+    /// # Errors
+    /// [`EnqueueError::Invalid`] for a `delay` over [`MAX_DELAY`].
+    pub fn assemble(
+        self,
+        policy: &redrive_policy::RetryPolicy,
+        now: Timestamp,
+    ) -> Result<NewJob, EnqueueError> {
+        let dependency = self
+            .dependency
+            .or_else(|| default_dependency(&self.kind, &self.payload));
+        let mut job = NewJob::new(self.queue, self.kind, self.payload).with_policy(policy);
+        job.key = self.key;
+        job.quota_key = self.quota_key;
+        job.priority = self.priority.unwrap_or(0);
+        if let Some(n) = self.max_attempts {
+            job.max_attempts = n;
+        }
+        job.dependency = dependency;
+        job.run_at = match self.run_at {
+            RunAt::Now => None,
+            RunAt::After(delay) => Some(run_at_after(delay, now)?),
+            RunAt::At(t) => Some(t),
+        };
+        Ok(job)
+    }
+
+    /// [`assemble`](Self::assemble), then [`validate_new_job`].
+    ///
+    /// # Errors
+    /// [`EnqueueError::Invalid`] naming the first bad field.
+    pub fn build(
+        self,
+        policy: &redrive_policy::RetryPolicy,
+        now: Timestamp,
+    ) -> Result<NewJob, EnqueueError> {
+        let job = self.assemble(policy, now)?;
+        validate_new_job(&job, now)?;
+        Ok(job)
+    }
+}
+
 /// Compares a job with the one the store returned for its queue and key: the same kind and
 /// payload is a repeat (fine); anything else is [`EnqueueError::KeyConflict`].
 ///

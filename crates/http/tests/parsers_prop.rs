@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use redrive_http::idempotency::IdempotencyKey;
 use redrive_http::redact::{redact_text, redact_value};
 use redrive_http::{HttpPayload, validate_new_job};
+use redrive_idempotency::IdempotencyKey;
 use redrive_store::NewJob;
 use serde_json::{Value, json};
 

@@ -248,9 +248,9 @@ impl PspSimBuilder {
     /// `POST /v1/charges`, as a real PSP would have: repeats are answered from the stored
     /// response before the ledger is reached.
     pub fn with_idempotency_layer(self) -> Self {
-        let store: std::sync::Arc<dyn redrive_http::idempotency::IdempotencyStore> =
-            std::sync::Arc::new(redrive_http::idempotency::MemoryStore::new());
-        let layer = redrive_http::idempotency::IdempotencyLayer::builder(store)
+        let store: std::sync::Arc<dyn redrive_idempotency::IdempotencyStore> =
+            std::sync::Arc::new(redrive_idempotency::MemoryIdempotencyStore::new());
+        let layer = redrive_idempotency::IdempotencyLayer::builder(store)
             .with_required(true)
             .build()
             .expect("the default idempotency settings are valid");

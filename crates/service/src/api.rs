@@ -7,6 +7,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use redrive_http::{JobRequest, RunAt};
 use redrive_store::{JobId, JobState, ListParams, NewJob, Store};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
@@ -175,16 +176,7 @@ pub(crate) fn parse_enqueue(
         .policies
         .get(policy_name)
         .map_err(|e| ApiError::unprocessable("policy", policy_name, e.to_string()))?;
-    let mut job = NewJob::new(queue, kind.clone(), payload.clone()).with_policy(policy);
-    job.key = key.or_else(|| header_key.map(str::to_owned));
-    job.priority = priority.unwrap_or(0);
-    job.quota_key = quota_key;
-    if let Some(n) = max_attempts {
-        job.max_attempts = n;
-    }
-    job.dependency =
-        dependency.or_else(|| redrive_http::validate::default_dependency(&kind, &payload));
-    job.run_at = match (delay, run_at_raw) {
+    let run_at = match (delay, run_at_raw) {
         (Some(d), Some(_)) => {
             return Err(ApiError::bad_field(
                 "delay",
@@ -192,12 +184,11 @@ pub(crate) fn parse_enqueue(
                 "give delay or run_at, not both",
             ));
         }
-        (Some(d), None) => {
-            let dur = redrive_policy::parse_duration(&d)
-                .map_err(|e| ApiError::bad_field("delay", &d, e.to_string()))?;
-            Some(redrive_http::validate::run_at_after(dur, now).map_err(enqueue_problem)?)
-        }
-        (None, Some(t)) => Some(
+        (Some(d), None) => RunAt::After(
+            redrive_policy::parse_duration(&d)
+                .map_err(|e| ApiError::bad_field("delay", &d, e.to_string()))?,
+        ),
+        (None, Some(t)) => RunAt::At(
             chrono::DateTime::parse_from_rfc3339(&t)
                 .map(|t| t.with_timezone(&chrono::Utc))
                 .map_err(|e| {
@@ -208,10 +199,19 @@ pub(crate) fn parse_enqueue(
                     )
                 })?,
         ),
-        (None, None) => None,
+        (None, None) => RunAt::Now,
     };
-    redrive_http::validate_new_job(&job, now).map_err(enqueue_problem)?;
-    Ok(job)
+    JobRequest {
+        key: key.or_else(|| header_key.map(str::to_owned)),
+        priority,
+        max_attempts,
+        dependency,
+        run_at,
+        quota_key,
+        ..JobRequest::new(queue, kind, payload)
+    }
+    .build(policy, now)
+    .map_err(enqueue_problem)
 }
 
 /// Enqueue a job.
@@ -249,9 +249,7 @@ pub(crate) async fn create_job(
     let body = read_body(body).await?;
     let now = chrono::Utc::now();
     // The layer has validated the header already; its parsed form drops the optional quotes.
-    let header_key = redrive_http::idempotency::parse_key(&headers)
-        .ok()
-        .flatten();
+    let header_key = redrive_idempotency::parse_key(&headers).ok().flatten();
     let mut job = parse_enqueue(&state, &body, header_key.as_ref().map(|k| k.as_str()), now)?;
     // W3C trace context: an invalid `traceparent` is ignored (the spec's rule), not refused.
     let received = headers

@@ -77,10 +77,10 @@ pub enum ServiceError {
     Serve(#[source] std::io::Error),
     /// The idempotency table could not be prepared.
     #[error("preparing the idempotency store")]
-    Idempotency(#[source] redrive_http::idempotency::StoreError),
+    Idempotency(#[source] redrive_idempotency::IdempotencyStoreError),
     /// The idempotency layer's settings were refused.
     #[error("configuring the idempotency layer")]
-    IdempotencyConfig(#[source] redrive_http::idempotency::ConfigError),
+    IdempotencyConfig(#[source] redrive_idempotency::ConfigError),
 }
 
 /// An RFC 9457 problem document, as sent.

@@ -10,7 +10,7 @@ use axum::Json;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
-use redrive_http::idempotency::{
+use redrive_idempotency::{
     IdempotencyKey, ListFilter, ListRequest, ListedRecord, MAX_LIST, RecordId, RecordInfo,
     RecordState, ReleaseOutcome, release_stuck,
 };
@@ -159,7 +159,7 @@ fn parse_query(query: Option<&str>) -> Result<ListRequest, ApiError> {
     Ok(r)
 }
 
-fn store_problem(e: redrive_http::idempotency::StoreError) -> ApiError {
+fn store_problem(e: redrive_idempotency::IdempotencyStoreError) -> ApiError {
     tracing::error!(error = %e, "idempotency store failure");
     ApiError::unavailable()
 }

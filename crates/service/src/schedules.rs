@@ -12,9 +12,9 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
-use redrive_http::EnqueueError;
+use redrive_http::{EnqueueError, JobRequest};
 use redrive_policy::PolicySet;
-use redrive_store::{Cron, Missed, NewJob, Schedule, ScheduleSpec, Timestamp};
+use redrive_store::{Cron, Missed, Schedule, ScheduleSpec, Timestamp};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
@@ -176,12 +176,12 @@ pub fn schedule_spec(
         .get(policy_name)
         .map_err(|e| EnqueueError::invalid("policy", policy_name, e.to_string()))?;
     let payload = r.payload.clone().unwrap_or_else(|| serde_json::json!({}));
-    let mut job = NewJob::new(r.queue.clone(), r.kind.clone(), payload.clone()).with_policy(policy);
-    job.priority = r.priority.unwrap_or(0);
-    job.dependency = r
-        .dependency
-        .clone()
-        .or_else(|| redrive_http::validate::default_dependency(&r.kind, &payload));
+    let job = JobRequest {
+        priority: r.priority,
+        dependency: r.dependency.clone(),
+        ..JobRequest::new(r.queue.clone(), r.kind.clone(), payload)
+    }
+    .assemble(policy, now)?;
     let spec = ScheduleSpec {
         name: r.name.clone(),
         cron: r.cron.clone(),

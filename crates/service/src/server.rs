@@ -195,10 +195,10 @@ pub async fn serve_listener(
 ) -> Result<(), ServiceError> {
     let local = listener.local_addr().map_err(ServiceError::Serve)?;
     // Expired idempotency records are deleted while the service runs.
-    let reaper = redrive_http::idempotency::spawn_reaper(
+    let reaper = redrive_idempotency::spawn_reaper(
         state.inner.idempotency.store().clone(),
-        redrive_http::idempotency::DEFAULT_REAP_INTERVAL,
-        redrive_http::idempotency::DEFAULT_REAP_BATCH,
+        redrive_idempotency::DEFAULT_REAP_INTERVAL,
+        redrive_idempotency::DEFAULT_REAP_BATCH,
     );
     println!("listening on http://{local}");
     tracing::info!(%local, "redrive serve listening");

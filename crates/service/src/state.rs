@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
-use redrive_http::idempotency::{self, IdempotencyLayer, IdempotencyStore, RecoveryMode, Scope};
+use redrive_idempotency::{IdempotencyLayer, IdempotencyStore, RecoveryMode, Scope};
 use redrive_policy::PolicySet;
 use redrive_store::{Clock, Store, SystemClock};
 use tokio::sync::Semaphore;
@@ -29,7 +29,7 @@ pub const DEFAULT_ADDR: &str = "127.0.0.1:8080";
 pub const DEFAULT_IDEMPOTENCY_RECOVERY_WINDOW: Duration = Duration::from_secs(30);
 
 /// The shortest recovery window accepted (the idempotency layer's shortest lease).
-pub const MIN_IDEMPOTENCY_RECOVERY_WINDOW: Duration = idempotency::MIN_LEASE;
+pub const MIN_IDEMPOTENCY_RECOVERY_WINDOW: Duration = redrive_idempotency::MIN_LEASE;
 
 /// The scope of every `Idempotency-Key` of the API (one tenant per service).
 pub const IDEMPOTENCY_SCOPE: &str = "default";
@@ -293,8 +293,12 @@ impl AppState {
         }
         let clock: Arc<dyn Clock> = config.clock.unwrap_or_else(|| Arc::new(SystemClock));
         let idem: Arc<dyn IdempotencyStore> = match &store {
-            Store::Sqlite(s) => Arc::new(idempotency::SqliteStore::from_pool(s.pool().clone())),
-            Store::Postgres(p) => Arc::new(idempotency::PostgresStore::from_pool(p.pool().clone())),
+            Store::Sqlite(s) => Arc::new(redrive_idempotency::SqliteIdempotencyStore::from_pool(
+                s.pool().clone(),
+            )),
+            Store::Postgres(p) => Arc::new(
+                redrive_idempotency::PostgresIdempotencyStore::from_pool(p.pool().clone()),
+            ),
         };
         idem.ensure_schema()
             .await

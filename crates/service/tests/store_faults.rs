@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use redrive_http::idempotency::{
-    ClaimOutcome, ClaimRequest, IdempotencyStore, LockToken, SqliteStore,
+use redrive_idempotency::{
+    ClaimOutcome, ClaimRequest, IdempotencyStore, LockToken, SqliteIdempotencyStore,
 };
 use redrive_service::{AppConfig, ReadyCheck};
 use redrive_store::Store;
@@ -138,7 +138,7 @@ async fn stuck_keys_are_listed_and_recovered() {
     let Store::Sqlite(s) = &h.store else {
         unreachable!()
     };
-    let idem = SqliteStore::from_pool(s.pool().clone());
+    let idem = SqliteIdempotencyStore::from_pool(s.pool().clone());
     // The claim of a request that then vanished (no heartbeat, no response).
     let claim = ClaimRequest {
         scope: "default".into(),

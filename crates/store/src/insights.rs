@@ -114,10 +114,12 @@ const DEAD_SCAN_SQL: &str = "SELECT id, queue, COALESCE(dead_reason, 'unknown'),
 macro_rules! on_read_pool {
     ($self:ident, $pool:ident => $e:expr) => {
         match $self {
+            #[cfg(feature = "sqlite")]
             Store::Sqlite(s) => {
                 let $pool = &s.read;
                 $e
             }
+            #[cfg(feature = "postgres")]
             Store::Postgres(s) => {
                 let $pool = &s.read;
                 $e

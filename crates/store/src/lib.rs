@@ -28,6 +28,9 @@
 //! # });
 //! ```
 
+#[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+compile_error!("redrive-store needs a backend: enable the feature `sqlite`, `postgres` or both");
+
 mod batch;
 mod clock;
 mod error;
@@ -35,6 +38,7 @@ mod insights;
 mod model;
 mod operator;
 mod ops;
+#[cfg(feature = "postgres")]
 mod postgres;
 mod quota;
 mod retention;
@@ -42,6 +46,7 @@ mod rows;
 mod schedule;
 mod seed;
 mod sql;
+#[cfg(feature = "sqlite")]
 mod sqlite;
 mod traceparent;
 mod workers;
@@ -61,6 +66,7 @@ pub use operator::{
     Actor, AuditEntry, BulkAction, BulkOutcome, DependencyOp, JobFilter, MAX_AUDIT_PAGE,
     PausedQueue,
 };
+#[cfg(feature = "postgres")]
 pub use postgres::PgStore;
 pub use quota::{Decline, NewDecline, QuotaTake, Reattempt, ReattemptParams};
 pub use redrive_policy::Timestamp;
@@ -70,6 +76,7 @@ pub use schedule::{
     due_ticks, tick_key,
 };
 pub use seed::{Seed, SeedRows, padded_payload};
+#[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use traceparent::{TraceParent, TraceParentError};
 pub use workers::{Unhandled, WORKER_STALE_AFTER, WorkerInfo};
@@ -130,15 +137,19 @@ pub async fn release_if_clean<C: sqlx::Connection>(
 #[derive(Debug, Clone)]
 pub enum Store {
     /// Embedded SQLite.
+    #[cfg(feature = "sqlite")]
     Sqlite(SqliteStore),
     /// Shared PostgreSQL.
+    #[cfg(feature = "postgres")]
     Postgres(PgStore),
 }
 
 macro_rules! dispatch {
     ($self:ident, $s:ident => $e:expr) => {
         match $self {
+            #[cfg(feature = "sqlite")]
             Store::Sqlite($s) => $e,
+            #[cfg(feature = "postgres")]
             Store::Postgres($s) => $e,
         }
     };
@@ -149,13 +160,28 @@ impl Store {
     /// `postgres://…` (add `?schema=NAME` — read by redrive, not sent — to use a schema).
     pub async fn connect(url: &str) -> Result<Self> {
         if url.starts_with("sqlite:") {
+            #[cfg(feature = "sqlite")]
             return Ok(Store::Sqlite(SqliteStore::connect(url).await?));
+            #[cfg(not(feature = "sqlite"))]
+            return Err(StoreError::BadUrl {
+                url: url.into(),
+                reason: "this build has no SQLite backend (the crate's `sqlite` feature)".into(),
+            });
         }
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let (base, schema) = split_schema(url);
-            return Ok(Store::Postgres(
-                PgStore::connect(&base, schema.as_deref(), 16).await?,
-            ));
+            #[cfg(feature = "postgres")]
+            {
+                let (base, schema) = split_schema(url);
+                return Ok(Store::Postgres(
+                    PgStore::connect(&base, schema.as_deref(), 16).await?,
+                ));
+            }
+            #[cfg(not(feature = "postgres"))]
+            return Err(StoreError::BadUrl {
+                url: url.into(),
+                reason: "this build has no PostgreSQL backend (the crate's `postgres` feature)"
+                    .into(),
+            });
         }
         Err(StoreError::BadUrl {
             url: url.into(),
@@ -166,7 +192,9 @@ impl Store {
     /// The backend's name: `sqlite` or `postgres`.
     pub fn backend(&self) -> &'static str {
         match self {
+            #[cfg(feature = "sqlite")]
             Store::Sqlite(_) => "sqlite",
+            #[cfg(feature = "postgres")]
             Store::Postgres(_) => "postgres",
         }
     }
@@ -218,7 +246,9 @@ impl Store {
     /// [`StoreError::FileChanged`] naming the path and what happened to it.
     pub fn check_file(&self) -> Result<()> {
         match self {
+            #[cfg(feature = "sqlite")]
             Store::Sqlite(s) => s.check_file(),
+            #[cfg(feature = "postgres")]
             Store::Postgres(_) => Ok(()),
         }
     }
@@ -482,6 +512,7 @@ impl Store {
     }
 }
 
+#[cfg(feature = "postgres")]
 fn split_schema(url: &str) -> (String, Option<String>) {
     let Some((base, query)) = url.split_once('?') else {
         return (url.to_owned(), None);

@@ -760,10 +760,12 @@ pub(crate) trait HasDb {
     type Db: sqlx::Database;
 }
 
+#[cfg(feature = "sqlite")]
 impl HasDb for crate::SqliteStore {
     type Db = sqlx::Sqlite;
 }
 
+#[cfg(feature = "postgres")]
 impl HasDb for crate::PgStore {
     type Db = sqlx::Postgres;
 }

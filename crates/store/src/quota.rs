@@ -218,7 +218,9 @@ impl Store {
             };
         }
         match self {
+            #[cfg(feature = "sqlite")]
             Store::Sqlite(s) => q!(&s.pool),
+            #[cfg(feature = "postgres")]
             Store::Postgres(s) => q!(&s.pool),
         };
         Ok(())
@@ -230,12 +232,14 @@ impl Store {
     /// A database error, or a corrupt row.
     pub async fn declines(&self, job_id: JobId) -> Result<Vec<Decline>> {
         let rows: Vec<DeclineRow> = match self {
+            #[cfg(feature = "sqlite")]
             Store::Sqlite(s) => {
                 sqlx::query_as(DECLINES_OF)
                     .bind(job_id)
                     .fetch_all(&s.read)
                     .await?
             }
+            #[cfg(feature = "postgres")]
             Store::Postgres(s) => {
                 sqlx::query_as(DECLINES_OF)
                     .bind(job_id)
@@ -259,6 +263,7 @@ impl Store {
         }
         let now = millis(p.now);
         match self {
+            #[cfg(feature = "sqlite")]
             Store::Sqlite(s) => {
                 // BEGIN IMMEDIATE: the one writer of the file, from the count to the insert.
                 let mut tx = s.tx().await?;
@@ -266,6 +271,7 @@ impl Store {
                 tx.commit().await?;
                 Ok(out)
             }
+            #[cfg(feature = "postgres")]
             Store::Postgres(s) => {
                 let mut tx = s.tx().await?;
                 sqlx::query(PG_LOCK_KEY)
@@ -285,6 +291,7 @@ impl Store {
     /// A database error, or a corrupt row.
     pub async fn reattempts(&self, quota_key: &str, since: Timestamp) -> Result<Vec<Reattempt>> {
         let rows: Vec<(i64, String, i64)> = match self {
+            #[cfg(feature = "sqlite")]
             Store::Sqlite(s) => {
                 sqlx::query_as(REATTEMPTS_OF)
                     .bind(quota_key)
@@ -292,6 +299,7 @@ impl Store {
                     .fetch_all(&s.read)
                     .await?
             }
+            #[cfg(feature = "postgres")]
             Store::Postgres(s) => {
                 sqlx::query_as(REATTEMPTS_OF)
                     .bind(quota_key)

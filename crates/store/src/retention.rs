@@ -53,15 +53,21 @@ fn finished_state(state: JobState) -> Result<&'static str> {
     }
 }
 
+#[cfg(feature = "sqlite")]
 const PICK_SQLITE: &str = "SELECT id FROM redrive_jobs WHERE state = $1 AND finished_at < $2 \
     ORDER BY finished_at LIMIT $3";
+#[cfg(feature = "postgres")]
 const PICK_PG: &str = "SELECT id FROM redrive_jobs WHERE state = $1 AND finished_at < $2 \
     ORDER BY finished_at LIMIT $3 FOR UPDATE SKIP LOCKED";
+#[cfg(feature = "sqlite")]
 const DEL_ATTEMPTS_SQLITE: &str =
     "DELETE FROM redrive_attempts WHERE job_id IN (SELECT value FROM json_each($1))";
+#[cfg(feature = "sqlite")]
 const DEL_JOBS_SQLITE: &str =
     "DELETE FROM redrive_jobs WHERE id IN (SELECT value FROM json_each($1)) AND state = $2";
+#[cfg(feature = "postgres")]
 const DEL_ATTEMPTS_PG: &str = "DELETE FROM redrive_attempts WHERE job_id = ANY($1)";
+#[cfg(feature = "postgres")]
 const DEL_JOBS_PG: &str = "DELETE FROM redrive_jobs WHERE id = ANY($1) AND state = $2";
 const COUNT_JOBS: &str = "SELECT COUNT(*) FROM redrive_jobs WHERE state = $1 AND finished_at < $2";
 const COUNT_ATTEMPTS: &str = "SELECT COUNT(*) FROM redrive_attempts WHERE job_id IN \
@@ -106,6 +112,7 @@ impl Store {
         }
         let before = millis(finished_before);
         match self {
+            #[cfg(feature = "sqlite")]
             Store::Sqlite(s) => {
                 let mut tx = s.tx().await?;
                 let ids: Vec<i64> = sqlx::query_scalar(PICK_SQLITE)
@@ -132,6 +139,7 @@ impl Store {
                 tx.commit().await?;
                 Ok(Pruned { jobs, attempts })
             }
+            #[cfg(feature = "postgres")]
             Store::Postgres(s) => {
                 let mut tx = s.tx().await?;
                 let ids: Vec<i64> = sqlx::query_scalar(PICK_PG)
@@ -173,6 +181,7 @@ impl Store {
         let st = finished_state(state)?;
         let before = millis(finished_before);
         let (jobs, attempts): (i64, i64) = match self {
+            #[cfg(feature = "sqlite")]
             Store::Sqlite(s) => (
                 sqlx::query_scalar(COUNT_JOBS)
                     .bind(st)
@@ -185,6 +194,7 @@ impl Store {
                     .fetch_one(&s.read)
                     .await?,
             ),
+            #[cfg(feature = "postgres")]
             Store::Postgres(s) => (
                 sqlx::query_scalar(COUNT_JOBS)
                     .bind(st)
@@ -236,6 +246,7 @@ impl Store {
         let now = millis(now);
         let until = now.saturating_add(dur_ms(ttl));
         let got: Option<String> = match self {
+            #[cfg(feature = "sqlite")]
             Store::Sqlite(s) => {
                 sqlx::query_scalar(LEASE_SQL)
                     .bind(name)
@@ -245,6 +256,7 @@ impl Store {
                     .fetch_optional(&s.pool)
                     .await?
             }
+            #[cfg(feature = "postgres")]
             Store::Postgres(s) => {
                 sqlx::query_scalar(LEASE_SQL)
                     .bind(name)
@@ -262,12 +274,14 @@ impl Store {
     /// whether it was held.
     pub async fn release_lease(&self, name: &str, holder: &str) -> Result<bool> {
         let n = match self {
+            #[cfg(feature = "sqlite")]
             Store::Sqlite(s) => sqlx::query(RELEASE_SQL)
                 .bind(name)
                 .bind(holder)
                 .execute(&s.pool)
                 .await?
                 .rows_affected(),
+            #[cfg(feature = "postgres")]
             Store::Postgres(s) => sqlx::query(RELEASE_SQL)
                 .bind(name)
                 .bind(holder)
@@ -285,6 +299,7 @@ impl Store {
         now: Timestamp,
     ) -> Result<Option<(String, Timestamp)>> {
         let row: Option<(String, i64)> = match self {
+            #[cfg(feature = "sqlite")]
             Store::Sqlite(s) => {
                 sqlx::query_as(HOLDER_SQL)
                     .bind(name)
@@ -292,6 +307,7 @@ impl Store {
                     .fetch_optional(&s.read)
                     .await?
             }
+            #[cfg(feature = "postgres")]
             Store::Postgres(s) => {
                 sqlx::query_as(HOLDER_SQL)
                     .bind(name)

@@ -404,7 +404,9 @@ const NEXT: &str = "SELECT MIN(next_tick) FROM redrive_schedules";
 macro_rules! on_pool {
     ($self:ident, $s:ident => $e:expr) => {
         match $self {
+            #[cfg(feature = "sqlite")]
             Store::Sqlite($s) => $e,
+            #[cfg(feature = "postgres")]
             Store::Postgres($s) => $e,
         }
     };

@@ -93,6 +93,7 @@ impl Store {
         while left > 0 {
             let n = left.min(SEED_CHUNK) as i64;
             match self {
+                #[cfg(feature = "postgres")]
                 Store::Postgres(s) => {
                     let sql = format!(
                         "WITH j AS ({JOB_INSERT} SELECT {JOB_VALUES} FROM generate_series(1, $6) \
@@ -110,6 +111,7 @@ impl Store {
                         .execute(&s.pool)
                         .await?;
                 }
+                #[cfg(feature = "sqlite")]
                 Store::Sqlite(s) => {
                     let mut tx = s.tx().await?;
                     let before: i64 =
@@ -148,12 +150,14 @@ impl Store {
         // Fresh statistics, as autovacuum would have gathered for a table grown this much.
         let analyze = "ANALYZE redrive_jobs";
         match self {
+            #[cfg(feature = "postgres")]
             Store::Postgres(s) => {
                 sqlx::query(analyze).execute(&s.pool).await?;
                 sqlx::query("ANALYZE redrive_attempts")
                     .execute(&s.pool)
                     .await?;
             }
+            #[cfg(feature = "sqlite")]
             Store::Sqlite(s) => {
                 sqlx::query("ANALYZE").execute(&s.pool).await?;
             }
@@ -170,6 +174,7 @@ impl Store {
     /// [`StoreError::Invalid`] for a limit above [`crate::MAX_BATCH`], or the database's.
     pub async fn claim_plan(&self, p: &ClaimParams) -> Result<Vec<String>> {
         match self {
+            #[cfg(feature = "postgres")]
             Store::Postgres(s) => {
                 let Some(st) = s.claim_statement(p)? else {
                     return Ok(Vec::new());
@@ -181,6 +186,7 @@ impl Store {
                 );
                 Ok(q.fetch_all(&s.pool).await?)
             }
+            #[cfg(feature = "sqlite")]
             Store::Sqlite(s) => {
                 let Some(st) = s.claim_statement(p)? else {
                     return Ok(Vec::new());

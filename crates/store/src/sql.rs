@@ -9,6 +9,7 @@ use crate::rows::{ATTEMPT_COLS, DEP_COLS, JOB_COLS};
 
 /// Which SQL dialect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(all(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 pub(crate) enum Dialect {
     Sqlite,
     Postgres,

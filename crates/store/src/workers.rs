@@ -113,10 +113,12 @@ const WAITING: &str = "SELECT queue, kind, COUNT(*) AS n, MIN(run_at) AS oldest 
 macro_rules! on_pool {
     ($store:expr, $pool:ident => $e:expr) => {
         match $store {
+            #[cfg(feature = "sqlite")]
             Store::Sqlite(s) => {
                 let $pool = &s.pool;
                 $e
             }
+            #[cfg(feature = "postgres")]
             Store::Postgres(s) => {
                 let $pool = &s.pool;
                 $e

@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
-use redrive_http::idempotency::{
-    self, IdempotencyKey, IdempotencyStore, ListFilter, ListRequest, RecordId, ReleaseOutcome,
+use redrive_idempotency::{
+    IdempotencyKey, IdempotencyStore, ListFilter, ListRequest, RecordId, ReleaseOutcome,
     release_stuck,
 };
 use redrive_service::IdempotencyRecordView;
@@ -30,8 +30,12 @@ pub(crate) fn run(global: &Global, cmd: IdempotencyCommand) -> anyhow::Result<Ex
 async fn records(global: &Global) -> anyhow::Result<Arc<dyn IdempotencyStore>> {
     let store = open_existing(global).await?;
     let idem: Arc<dyn IdempotencyStore> = match &store {
-        Store::Sqlite(s) => Arc::new(idempotency::SqliteStore::from_pool(s.pool().clone())),
-        Store::Postgres(p) => Arc::new(idempotency::PostgresStore::from_pool(p.pool().clone())),
+        Store::Sqlite(s) => Arc::new(redrive_idempotency::SqliteIdempotencyStore::from_pool(
+            s.pool().clone(),
+        )),
+        Store::Postgres(p) => Arc::new(redrive_idempotency::PostgresIdempotencyStore::from_pool(
+            p.pool().clone(),
+        )),
     };
     idem.ensure_schema()
         .await
@@ -136,7 +140,7 @@ fn recover(global: &Global, a: IdempotencyRecoverArgs) -> anyhow::Result<ExitCod
                         filter: ListFilter::Stuck,
                         scope: Some(a.scope.clone()),
                         after,
-                        limit: idempotency::MAX_LIST,
+                        limit: redrive_idempotency::MAX_LIST,
                     })
                     .await?;
                 let Some(last) = page.last() else { break };

@@ -7,8 +7,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use redrive_http::redact::{redact_text, redact_value};
-use redrive_http::validate::{MAX_PAYLOAD_BYTES, run_at_after};
-use redrive_http::{EnqueueError, check_same_request, validate_new_job};
+use redrive_http::validate::MAX_PAYLOAD_BYTES;
+use redrive_http::{EnqueueError, JobRequest, RunAt, check_same_request};
 use redrive_store::{Attempt, Job, JobState, ListParams, NewJob, Store, StoreError};
 use serde_json::json;
 
@@ -128,22 +128,21 @@ fn new_job(
     let policy = set
         .get(policy_name)
         .map_err(|e| usage(format!("--policy: {e}")))?;
-    let mut job = NewJob::new(a.queue.clone(), a.kind.clone(), payload.clone()).with_policy(policy);
-    job.key = a.key.clone();
-    job.quota_key = a.quota_key.clone();
-    job.priority = a.priority.unwrap_or(0);
-    // `http` jobs default to the URL's host.
-    job.dependency = a
-        .dependency
-        .clone()
-        .or_else(|| redrive_http::validate::default_dependency(&a.kind, &payload));
-    job.run_at = match (a.delay, a.run_at) {
-        (Some(d), _) => Some(run_at_after(d, now).map_err(flag_error)?),
-        (None, Some(t)) => Some(t),
-        (None, None) => None,
-    };
-    validate_new_job(&job, now).map_err(flag_error)?;
-    Ok(job)
+    JobRequest {
+        key: a.key.clone(),
+        quota_key: a.quota_key.clone(),
+        priority: a.priority,
+        // `http` jobs default to the URL's host.
+        dependency: a.dependency.clone(),
+        run_at: match (a.delay, a.run_at) {
+            (Some(d), _) => RunAt::After(d),
+            (None, Some(t)) => RunAt::At(t),
+            (None, None) => RunAt::Now,
+        },
+        ..JobRequest::new(a.queue.clone(), a.kind.clone(), payload)
+    }
+    .build(policy, now)
+    .map_err(flag_error)
 }
 
 /// A refusal of the shared enqueue validation, naming the flag: a usage error (exit 2).

@@ -1,6 +1,9 @@
 use super::*;
+use crate::{FailureClass, Timestamp};
+use chrono::Utc;
 use chrono::{TimeDelta, TimeZone};
 use proptest::prelude::*;
+use std::time::Duration;
 
 fn t0() -> Timestamp {
     Utc.with_ymd_and_hms(2026, 12, 2, 12, 0, 0).unwrap()

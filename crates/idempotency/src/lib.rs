@@ -1,4 +1,4 @@
-//! Server-side idempotency (rule R14 of docs/design.md): a tower layer for axum that stores each
+//! Server-side idempotency for axum: a tower layer that stores each
 //! `Idempotency-Key` with a fingerprint of its request and the first response, and replays
 //! that response for a repeat instead of running the handler again.
 //!
@@ -43,11 +43,11 @@
 //! ```
 //! use std::sync::Arc;
 //! use axum::{Router, routing::post, http::StatusCode};
-//! use redrive_http::idempotency::{IdempotencyLayer, IdempotencyStore, MemoryStore};
+//! use redrive_idempotency::{IdempotencyLayer, IdempotencyStore, MemoryIdempotencyStore};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! // SqliteStore::connect("sqlite://idem.db") or PostgresStore::from_pool(pool) in production.
-//! let store: Arc<dyn IdempotencyStore> = Arc::new(MemoryStore::new());
+//! // SqliteIdempotencyStore::connect("sqlite://idem.db") or PostgresIdempotencyStore::from_pool(pool) in production.
+//! let store: Arc<dyn IdempotencyStore> = Arc::new(MemoryIdempotencyStore::new());
 //! store.ensure_schema().await?;
 //! let layer = IdempotencyLayer::builder(store)
 //!     .with_docs_url("https://example.com/docs/idempotency")
@@ -75,7 +75,8 @@ pub use config::{
     IdempotencyScope, MIN_LEASE, RecoveryMode, Scope, ScopeFn,
 };
 pub use error::{
-    ConfigError, CtxError, DEFAULT_PROBLEM_BASE, PROBLEM_JSON, Problem, ProblemKind, StoreError,
+    ConfigError, CtxError, DEFAULT_PROBLEM_BASE, IdempotencyStoreError, PROBLEM_JSON, Problem,
+    ProblemKind,
 };
 pub use fingerprint::{Fingerprint, FingerprintFn};
 pub use key::{
@@ -83,10 +84,16 @@ pub use key::{
 };
 pub use layer::{IdempotencyCtx, IdempotencyLayer, IdempotencyService};
 pub use reaper::{DEFAULT_REAP_BATCH, DEFAULT_REAP_INTERVAL, reap_expired, spawn_reaper};
+#[cfg(feature = "postgres")]
+pub use store::PostgresIdempotencyStore;
 pub use store::{
-    Acquired, ClaimOutcome, ClaimRequest, Clock, IdempotencyStore, ListFilter, ListRequest,
-    ListedRecord, LockToken, MAX_LIST, MIN_SQLITE_VERSION, ManualClock, MemoryStore, PostgresStore,
+    Acquired, ClaimOutcome, ClaimRequest, IdempotencyClock, IdempotencyStore, ListFilter,
+    ListRequest, ListedRecord, LockToken, MAX_LIST, ManualIdempotencyClock, MemoryIdempotencyStore,
     RECOVERY_POINT_FINISHED, RECOVERY_POINT_STARTED, ReapReport, RecordId, RecordInfo, RecordState,
-    Recovery, ReleaseOutcome, SqliteStore, StoreFuture, StoredResponse, SystemClock, TABLE,
+    Recovery, ReleaseOutcome, StoreFuture, StoredResponse, SystemIdempotencyClock, TABLE,
     release_stuck,
 };
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use store::{Dialect, MIGRATIONS_TABLE, SqlIdempotencyStore, Statements};
+#[cfg(feature = "sqlite")]
+pub use store::{MIN_SQLITE_VERSION, SqliteIdempotencyStore};

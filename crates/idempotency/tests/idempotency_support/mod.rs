@@ -13,11 +13,11 @@ use axum::extract::Extension;
 use axum::http::{HeaderMap, HeaderValue, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use redrive_http::idempotency::{
+use redrive_idempotency::{
     ClaimOutcome, ClaimRequest, IdempotencyCtx, IdempotencyLayer, IdempotencyLayerBuilder,
-    IdempotencyStore, ListRequest, ListedRecord, LockToken, ManualClock, MemoryStore,
-    PostgresStore, ReapReport, RecordId, RecordInfo, Recovery, SqliteStore, StoreError,
-    StoreFuture, StoredResponse,
+    IdempotencyStore, IdempotencyStoreError, ListRequest, ListedRecord, LockToken,
+    ManualIdempotencyClock, MemoryIdempotencyStore, PostgresIdempotencyStore, ReapReport, RecordId,
+    RecordInfo, Recovery, SqliteIdempotencyStore, StoreFuture, StoredResponse,
 };
 use tower::ServiceExt;
 
@@ -34,7 +34,7 @@ pub enum Kind {
 pub struct Backend {
     pub kind: Kind,
     store: Arc<dyn IdempotencyStore>,
-    clock: Option<ManualClock>,
+    clock: Option<ManualIdempotencyClock>,
     sqlite_url: Option<String>,
     pg: Option<PgSchema>,
     _dir: Option<tempfile::TempDir>,
@@ -75,8 +75,10 @@ impl Drop for PgSchema {
 
 impl Backend {
     pub async fn memory() -> Option<Self> {
-        let clock = ManualClock::new(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000));
-        let store = Arc::new(MemoryStore::with_clock(Arc::new(clock.clone())));
+        let clock = ManualIdempotencyClock::new(
+            SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+        );
+        let store = Arc::new(MemoryIdempotencyStore::with_clock(Arc::new(clock.clone())));
         Some(Self {
             kind: Kind::Memory,
             store,
@@ -90,7 +92,9 @@ impl Backend {
     pub async fn sqlite() -> Option<Self> {
         let dir = tempfile::tempdir().expect("tempdir");
         let url = format!("sqlite://{}", dir.path().join("idem.db").display());
-        let store = SqliteStore::connect(&url).await.expect("open sqlite");
+        let store = SqliteIdempotencyStore::connect(&url)
+            .await
+            .expect("open sqlite");
         store.ensure_schema().await.expect("sqlite schema");
         Some(Self {
             kind: Kind::Sqlite,
@@ -124,7 +128,7 @@ impl Backend {
             url: url.clone(),
             schema: schema.clone(),
         };
-        let store = PostgresStore::connect_in_schema(&url, &schema, 10)
+        let store = PostgresIdempotencyStore::connect_in_schema(&url, &schema, 10)
             .await
             .expect("pg pool");
         store.ensure_schema().await.expect("pg schema");
@@ -147,14 +151,14 @@ impl Backend {
         match self.kind {
             Kind::Memory => self.store.clone(),
             Kind::Sqlite => Arc::new(
-                SqliteStore::connect(self.sqlite_url.as_deref().unwrap())
+                SqliteIdempotencyStore::connect(self.sqlite_url.as_deref().unwrap())
                     .await
                     .unwrap(),
             ),
             Kind::Postgres => {
                 let pg = self.pg.as_ref().unwrap();
                 Arc::new(
-                    PostgresStore::connect_in_schema(&pg.url, &pg.schema, 10)
+                    PostgresIdempotencyStore::connect_in_schema(&pg.url, &pg.schema, 10)
                         .await
                         .unwrap(),
                 )
@@ -171,7 +175,7 @@ impl Backend {
                 Arc::new(faulty)
             }
             Kind::Sqlite => {
-                let s = SqliteStore::connect(self.sqlite_url.as_deref().unwrap())
+                let s = SqliteIdempotencyStore::connect(self.sqlite_url.as_deref().unwrap())
                     .await
                     .unwrap();
                 s.close().await;
@@ -179,7 +183,7 @@ impl Backend {
             }
             Kind::Postgres => {
                 let pg = self.pg.as_ref().unwrap();
-                let s = PostgresStore::connect_in_schema(&pg.url, &pg.schema, 10)
+                let s = PostgresIdempotencyStore::connect_in_schema(&pg.url, &pg.schema, 10)
                     .await
                     .unwrap();
                 s.close().await;
@@ -465,7 +469,7 @@ impl Faulty {
     fn down<'a, T: Send + 'a>(&self) -> Option<StoreFuture<'a, T>> {
         self.fail_all.load(Ordering::SeqCst).then(|| {
             let f: StoreFuture<'a, T> = Box::pin(async {
-                Err(StoreError::Unavailable {
+                Err(IdempotencyStoreError::Unavailable {
                     reason: "injected fault".into(),
                 })
             });
@@ -500,7 +504,7 @@ impl IdempotencyStore for Faulty {
     ) -> StoreFuture<'a, bool> {
         if self.fail_finalise.load(Ordering::SeqCst) {
             return Box::pin(async {
-                Err(StoreError::Unavailable {
+                Err(IdempotencyStoreError::Unavailable {
                     reason: "injected finalise fault".into(),
                 })
             });

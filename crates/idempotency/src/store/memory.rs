@@ -5,9 +5,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use super::{
-    Acquired, ClaimOutcome, ClaimRequest, Clock, IdempotencyStore, ListFilter, ListRequest,
-    ListedRecord, LockToken, RECOVERY_POINT_FINISHED, RECOVERY_POINT_STARTED, ReapReport, RecordId,
-    RecordInfo, RecordState, Recovery, StoreFuture, StoredResponse, SystemClock,
+    Acquired, ClaimOutcome, ClaimRequest, IdempotencyClock, IdempotencyStore, ListFilter,
+    ListRequest, ListedRecord, LockToken, RECOVERY_POINT_FINISHED, RECOVERY_POINT_STARTED,
+    ReapReport, RecordId, RecordInfo, RecordState, Recovery, StoreFuture, StoredResponse,
+    SystemIdempotencyClock,
 };
 
 #[derive(Debug, Clone)]
@@ -52,29 +53,29 @@ struct Inner {
     records: HashMap<(String, String), Record>,
 }
 
-/// Records in a `HashMap` behind a mutex; time from an injected [`Clock`].
+/// Records in a `HashMap` behind a mutex; time from an injected [`IdempotencyClock`].
 #[derive(Debug, Clone)]
-pub struct MemoryStore {
+pub struct MemoryIdempotencyStore {
     inner: Arc<Mutex<Inner>>,
-    clock: Arc<dyn Clock>,
+    clock: Arc<dyn IdempotencyClock>,
 }
 
-impl Default for MemoryStore {
+impl Default for MemoryIdempotencyStore {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl MemoryStore {
+impl MemoryIdempotencyStore {
     /// An empty store on the system clock.
     #[must_use]
     pub fn new() -> Self {
-        Self::with_clock(Arc::new(SystemClock))
+        Self::with_clock(Arc::new(SystemIdempotencyClock))
     }
 
     /// An empty store on `clock`.
     #[must_use]
-    pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
+    pub fn with_clock(clock: Arc<dyn IdempotencyClock>) -> Self {
         Self {
             inner: Arc::default(),
             clock,
@@ -173,7 +174,7 @@ fn ready<'a, T: Send + 'a>(value: T) -> StoreFuture<'a, T> {
     Box::pin(std::future::ready(Ok(value)))
 }
 
-impl IdempotencyStore for MemoryStore {
+impl IdempotencyStore for MemoryIdempotencyStore {
     fn ensure_schema(&self) -> StoreFuture<'_, ()> {
         ready(())
     }

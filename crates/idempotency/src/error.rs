@@ -192,8 +192,9 @@ pub(crate) fn retry_after_secs(after: Duration) -> u64 {
 /// A failure of an idempotency store.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum StoreError {
+pub enum IdempotencyStoreError {
     /// A query failed.
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
     #[error("idempotency store operation `{op}` failed")]
     Database {
         /// The store operation, e.g. `claim`.
@@ -236,7 +237,8 @@ pub enum StoreError {
     },
 }
 
-impl StoreError {
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl IdempotencyStoreError {
     pub(crate) fn db(op: &'static str) -> impl FnOnce(sqlx::Error) -> Self {
         move |source| Self::Database { op, source }
     }
@@ -274,6 +276,6 @@ pub enum CtxError {
         id: i64,
         /// The store's error.
         #[source]
-        source: StoreError,
+        source: IdempotencyStoreError,
     },
 }

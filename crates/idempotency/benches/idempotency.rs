@@ -1,6 +1,6 @@
 //! Overhead of the idempotency layer per request, against the same router without it.
 //!
-//! `cargo bench -p redrive-http --bench idempotency`
+//! `cargo bench -p redrive-idempotency --bench idempotency`
 //!
 //! Groups: `baseline` (no layer), `memory` and `sqlite` (first request with a fresh key:
 //! claim + handler + finalise), `*_replay` (a repeat served from the store). SQLite runs in
@@ -14,7 +14,9 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use criterion::{Criterion, criterion_group, criterion_main};
-use redrive_http::idempotency::{IdempotencyLayer, IdempotencyStore, MemoryStore, SqliteStore};
+use redrive_idempotency::{
+    IdempotencyLayer, IdempotencyStore, MemoryIdempotencyStore, SqliteIdempotencyStore,
+};
 use tower::ServiceExt;
 
 const BODY: &str = r#"{"amount":1000,"currency":"EUR"}"#;
@@ -73,12 +75,12 @@ fn benches(c: &mut Criterion) {
     let baseline = router();
     c.bench_function("baseline", |b| b.iter(|| rt.block_on(call(&baseline, "k"))));
 
-    bench_layer(c, &rt, "memory", Arc::new(MemoryStore::new()));
+    bench_layer(c, &rt, "memory", Arc::new(MemoryIdempotencyStore::new()));
 
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("bench.db").display());
     let sqlite = rt.block_on(async {
-        let store = SqliteStore::connect(&url).await.unwrap();
+        let store = SqliteIdempotencyStore::connect(&url).await.unwrap();
         store.ensure_schema().await.unwrap();
         store
     });

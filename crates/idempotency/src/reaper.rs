@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::error::StoreError;
+use super::error::IdempotencyStoreError;
 use super::store::{IdempotencyStore, ReapReport};
 
 /// Default rows deleted per statement.
@@ -25,7 +25,7 @@ pub const DEFAULT_REAP_INTERVAL: Duration = Duration::from_secs(5 * 60);
 pub async fn reap_expired(
     store: &dyn IdempotencyStore,
     batch: u32,
-) -> Result<ReapReport, StoreError> {
+) -> Result<ReapReport, IdempotencyStoreError> {
     let batch = batch.max(1);
     let mut total = ReapReport::default();
     loop {

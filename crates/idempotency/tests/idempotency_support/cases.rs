@@ -1,4 +1,4 @@
-//! The layer's edge cases, T01–T29, written once for every backend.
+//! The layer's edge cases, written once for every backend and named after what each checks.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -8,7 +8,7 @@ use axum::body::Body;
 use axum::http::{HeaderValue, Request, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use redrive_http::idempotency::{
+use redrive_idempotency::{
     ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyStore, ListFilter, ListRequest, LockToken,
     RecordId, RecordState, Recovery, RecoveryMode, Scope, StoredResponse, reap_expired,
 };
@@ -17,8 +17,8 @@ use super::*;
 
 const BODY: &str = r#"{"amount":1000,"currency":"EUR"}"#;
 
-/// T01: first request runs once, 2xx, row completed, no replay marker.
-pub async fn t01_first_request(b: &Backend) {
+/// First request runs once, 2xx, row completed, no replay marker.
+pub async fn a_first_request_runs_once_and_is_stored(b: &Backend) {
     let (app, c) = app(builder(b.store()).build().unwrap());
     let a = send(&app, post_req(Some("k-t01"), BODY)).await;
     assert_eq!(a.status, StatusCode::CREATED);
@@ -34,8 +34,8 @@ pub async fn t01_first_request(b: &Backend) {
     assert!(!info.held && !info.locked);
 }
 
-/// T02: a repeat gets the byte-identical stored response, marked, without a second run.
-pub async fn t02_replay_identical(b: &Backend) {
+/// A repeat gets the byte-identical stored response, marked, without a second run.
+pub async fn an_identical_repeat_gets_the_stored_response(b: &Backend) {
     let (app, c) = app(builder(b.store()).build().unwrap());
     let first = send(&app, post_req(Some("k-t02"), BODY)).await;
     let second = send(&app, post_req(Some("k-t02"), BODY)).await;
@@ -51,8 +51,8 @@ pub async fn t02_replay_identical(b: &Backend) {
     assert_eq!(c.started(), 1);
 }
 
-/// T03: a 201 replays as 201 with the same Location.
-pub async fn t03_replay_201_location(b: &Backend) {
+/// A 201 replays as 201 with the same Location.
+pub async fn a_201_replays_with_its_location(b: &Backend) {
     let (app, _c) = app(builder(b.store()).build().unwrap());
     let first = send(&app, post_req(Some("k-t03"), BODY)).await;
     let second = send(&app, post_req(Some("k-t03"), BODY)).await;
@@ -64,8 +64,8 @@ pub async fn t03_replay_201_location(b: &Backend) {
     );
 }
 
-/// T04: same key, different body: 422, nothing stored for it, handler not run.
-pub async fn t04_different_body_422(b: &Backend) {
+/// Same key, different body: 422, nothing stored for it, handler not run.
+pub async fn the_key_with_another_body_is_422(b: &Backend) {
     let (app, c) = app(builder(b.store()).build().unwrap());
     send(&app, post_req(Some("k-t04"), BODY)).await;
     let a = send(
@@ -81,8 +81,8 @@ pub async fn t04_different_body_422(b: &Backend) {
     assert!(String::from_utf8_lossy(&again.body).contains("1000"));
 }
 
-/// T05: same key and body on another path or method: 422.
-pub async fn t05_different_path_or_method_422(b: &Backend) {
+/// Same key and body on another path or method: 422.
+pub async fn the_key_on_another_path_or_method_is_422(b: &Backend) {
     let (app, c) = app(builder(b.store()).build().unwrap());
     send(&app, post_req(Some("k-t05"), BODY)).await;
     let path = send(
@@ -112,8 +112,8 @@ pub async fn t05_different_path_or_method_422(b: &Backend) {
     assert_eq!(c.started(), 1);
 }
 
-/// T06: 50 parallel first requests with one key: exactly one execution, never a 5xx.
-pub async fn t06_fifty_parallel(b: &Backend) {
+/// 50 parallel first requests with one key: exactly one execution, never a 5xx.
+pub async fn fifty_parallel_first_requests_run_once(b: &Backend) {
     let (app, c) = app(builder(b.store()).build().unwrap());
     let mut tasks = Vec::new();
     for _ in 0..50 {
@@ -150,8 +150,8 @@ pub async fn t06_fifty_parallel(b: &Backend) {
     assert_eq!(c.effects(), 1);
 }
 
-/// T07: a repeat while the first runs: 409 request-in-progress, then the replay.
-pub async fn t07_in_flight_409_then_replay(b: &Backend) {
+/// A repeat while the first runs: 409 request-in-progress, then the replay.
+pub async fn a_repeat_in_flight_is_409_then_replayed(b: &Backend) {
     let (app, c) = app(builder(b.store()).build().unwrap());
     let app2 = app.clone();
     let first = tokio::spawn(async move {
@@ -179,9 +179,9 @@ pub async fn t07_in_flight_409_then_replay(b: &Backend) {
     assert_eq!(c.started(), 1);
 }
 
-/// T08: missing key on a required route: 400 key-missing with a describedby link; on an
+/// Missing key on a required route: 400 key-missing with a describedby link; on an
 /// optional route the request passes through; GET is never touched.
-pub async fn t08_missing_key_400(b: &Backend) {
+pub async fn a_missing_key_on_a_required_route_is_400(b: &Backend) {
     let (app, c) = app(builder(b.store()).build().unwrap());
     let a = send(&app, post_req(None, BODY)).await;
     a.assert_problem(400, "key-missing");
@@ -205,12 +205,12 @@ pub async fn t08_missing_key_400(b: &Backend) {
     assert_eq!(c2.started(), 1);
 }
 
-fn app_with(layer: redrive_http::idempotency::IdempotencyLayer) -> (axum::Router, Arc<Counters>) {
+fn app_with(layer: redrive_idempotency::IdempotencyLayer) -> (axum::Router, Arc<Counters>) {
     app(layer)
 }
 
-/// T09: 256 bytes, empty, control char, space, escape, unterminated quote, two fields: 400.
-pub async fn t09_invalid_keys_400(b: &Backend) {
+/// 256 bytes, empty, control char, space, escape, unterminated quote, two fields: 400.
+pub async fn malformed_keys_are_400(b: &Backend) {
     let (app, c) = app(builder(b.store()).build().unwrap());
     let long = "a".repeat(256);
     for bad in [
@@ -250,8 +250,8 @@ pub async fn t09_invalid_keys_400(b: &Backend) {
     );
 }
 
-/// T10: `"abc"` and `abc` are the same key.
-pub async fn t10_quoted_and_bare_same(b: &Backend) {
+/// `"abc"` and `abc` are the same key.
+pub async fn quoted_and_bare_keys_are_one_key(b: &Backend) {
     let (app, c) = app(builder(b.store()).build().unwrap());
     let first = send(&app, post_req(Some("\"k-t10\""), BODY)).await;
     let second = send(&app, post_req(Some("k-t10"), BODY)).await;
@@ -260,9 +260,9 @@ pub async fn t10_quoted_and_bare_same(b: &Backend) {
     assert_eq!(c.started(), 1);
 }
 
-/// T11: two principals, one key: independent runs, no cross replay, no 409 across them;
+/// Two principals, one key: independent runs, no cross replay, no 409 across them;
 /// a request without a principal is refused.
-pub async fn t11_scopes_independent(b: &Backend) {
+pub async fn scopes_do_not_share_keys(b: &Backend) {
     let layer = builder(b.store())
         .with_scope(Scope::Header("x-tenant".try_into().unwrap()))
         .build()
@@ -305,9 +305,9 @@ pub async fn t11_scopes_independent(b: &Backend) {
     );
 }
 
-/// T12: a 500 releases the key; the retry runs again, sees the recovery point, and the
+/// A 500 releases the key; the retry runs again, sees the recovery point, and the
 /// first 500 is not replayed.
-pub async fn t12_5xx_releases(b: &Backend) {
+pub async fn a_5xx_releases_the_key(b: &Backend) {
     let (app, c) = app(builder(b.store()).build().unwrap());
     let fail = req("POST", "/charges", Some("k-t12"), BODY)
         .header("x-test-status", "500")
@@ -331,8 +331,8 @@ pub async fn t12_5xx_releases(b: &Backend) {
     assert!(send(&app, post_req(Some("k-t12"), BODY)).await.replayed());
 }
 
-/// T13: a panic releases the key (500 problem, no row left locked); the retry runs.
-pub async fn t13_panic_releases(b: &Backend) {
+/// A panic releases the key (500 problem, no row left locked); the retry runs.
+pub async fn a_panic_releases_the_key(b: &Backend) {
     let (app, c) = app(builder(b.store()).build().unwrap());
     let boom = req("POST", "/charges", Some("k-t13"), BODY)
         .header("x-test-panic", "1")
@@ -397,10 +397,10 @@ async fn crash_after_effect(
     counters
 }
 
-/// T14 (explicit recovery, the default): killed after the effect, before finalise. A repeat
+/// Explicit recovery, the default: killed after the effect, before finalise. A repeat
 /// during the lease gets 409 in-progress, after the lease 409 recovery-required — never a
 /// second run. An operator then completes the record and the repeat gets that response.
-pub async fn t14_crash_after_effect_needs_recovery(b: &Backend) {
+pub async fn a_crash_after_the_effect_needs_explicit_recovery(b: &Backend) {
     let crashed = crash_after_effect(b.reopen().await, "k-t14", false).await;
     assert_eq!(crashed.effects(), 1);
     let (app, c) = app(short(b.store()).build().unwrap());
@@ -432,9 +432,9 @@ pub async fn t14_crash_after_effect_needs_recovery(b: &Backend) {
     assert_eq!(c.started(), 0);
 }
 
-/// T14 (resume mode): after the lease the retry takes over, sees the recovery point the
+/// Resume mode: after the lease the retry takes over, sees the recovery point the
 /// crashed run stored after its effect, and does not charge again.
-pub async fn t14_resume_mode_takes_over_without_second_effect(b: &Backend) {
+pub async fn resume_mode_takes_over_without_a_second_effect(b: &Backend) {
     let crashed = crash_after_effect(b.reopen().await, "k-t14r", true).await;
     assert_eq!(crashed.effects(), 1);
     let (app, c) = app(short(b.store())
@@ -463,7 +463,7 @@ pub async fn t14_resume_mode_takes_over_without_second_effect(b: &Backend) {
 
 /// A finalise that fails (store error right after the effect) leaves the record held; once
 /// its lease ends, a repeat is refused for recovery rather than charged again.
-pub async fn t14_finalise_failure_no_second_effect(b: &Backend) {
+pub async fn a_failed_finalise_makes_no_second_effect(b: &Backend) {
     let faulty = Arc::new(Faulty::new(b.store()));
     faulty.fail_finalise.store(true, Ordering::SeqCst);
     let (app, c) = app(short(faulty.clone()).build().unwrap());
@@ -493,9 +493,9 @@ pub async fn t14_finalise_failure_no_second_effect(b: &Backend) {
     assert_eq!(c.effects(), 2);
 }
 
-/// T15: during the live lease of a crashed holder: 409 in-progress; recovery is refused
+/// During the live lease of a crashed holder: 409 in-progress; recovery is refused
 /// while the lease is live; after it, takeover (resume mode).
-pub async fn t15_live_lease_then_takeover(b: &Backend) {
+pub async fn a_live_lease_blocks_until_it_ends_then_is_taken_over(b: &Backend) {
     let store = b.store();
     let claim = claim_req("k-t15", [7; 32], SHORT_LEASE, true);
     assert!(matches!(
@@ -555,9 +555,9 @@ fn stored(status: u16, body: &str) -> StoredResponse {
     }
 }
 
-/// T16: a stale holder's finalise, heartbeat, advance and release after a takeover affect
+/// A stale holder's finalise, heartbeat, advance and release after a takeover affect
 /// nothing; the newer result wins.
-pub async fn t16_stale_holder_is_fenced(b: &Backend) {
+pub async fn a_stale_holder_is_fenced(b: &Backend) {
     let store = b.store();
     // A long retention: only the lease may run out here, however slow the machine.
     let old = ClaimRequest {
@@ -604,9 +604,9 @@ pub async fn t16_stale_holder_is_fenced(b: &Backend) {
     }
 }
 
-/// T17: a handler longer than the lease keeps it by heartbeat: no takeover meanwhile,
+/// A handler longer than the lease keeps it by heartbeat: no takeover meanwhile,
 /// even in resume mode.
-pub async fn t17_long_handler_keeps_lease(b: &Backend) {
+pub async fn a_long_handler_keeps_its_lease_by_heartbeat(b: &Backend) {
     let layer = short(b.store())
         .with_retention(Duration::from_secs(30))
         .with_recovery(RecoveryMode::Resume);
@@ -636,8 +636,8 @@ pub async fn t17_long_handler_keeps_lease(b: &Backend) {
     assert_eq!(c.started(), 1);
 }
 
-/// T17: a lost heartbeat stops the handler before its next side effect.
-pub async fn t17_lost_heartbeat_stops_handler(b: &Backend) {
+/// A lost heartbeat stops the handler before its next side effect.
+pub async fn a_lost_heartbeat_stops_the_handler(b: &Backend) {
     let faulty = Arc::new(Faulty::new(b.store()));
     let (app, c) = app(short(faulty.clone()).build().unwrap());
     faulty.heartbeat_refused.store(true, Ordering::SeqCst);
@@ -651,8 +651,8 @@ pub async fn t17_lost_heartbeat_stops_handler(b: &Backend) {
     assert_eq!(c.effects(), 1, "the second effect never happened");
 }
 
-/// T18: a 4xx the handler decided (402 decline) is stored and replayed.
-pub async fn t18_handler_4xx_stored(b: &Backend) {
+/// A 4xx the handler decided (402 decline) is stored and replayed.
+pub async fn a_handler_4xx_is_stored_and_replayed(b: &Backend) {
     let (app, c) = app(builder(b.store()).build().unwrap());
     let decline = || {
         req("POST", "/charges", Some("k-t18"), BODY)
@@ -677,9 +677,9 @@ async fn auth(request: Request<Body>, next: Next) -> Response {
     next.run(request).await
 }
 
-/// T19: a 401 from the auth layer outside never reaches the store; the authenticated retry
+/// A 401 from the auth layer outside never reaches the store; the authenticated retry
 /// runs normally.
-pub async fn t19_outer_401_not_stored(b: &Backend) {
+pub async fn an_outer_401_never_reaches_the_store(b: &Backend) {
     let (app, c) = app(builder(b.store()).build().unwrap());
     let app = app.layer(middleware::from_fn(auth));
     assert_eq!(
@@ -696,8 +696,8 @@ pub async fn t19_outer_401_not_stored(b: &Backend) {
     assert_eq!(c.started(), 1);
 }
 
-/// T20: after the retention the key runs as new.
-pub async fn t20_expired_key_runs_again(b: &Backend) {
+/// After the retention the key runs as new.
+pub async fn an_expired_key_runs_again(b: &Backend) {
     let (app, c) = app(short(b.store()).build().unwrap());
     send(&app, post_req(Some("k-t20"), BODY)).await;
     assert!(send(&app, post_req(Some("k-t20"), BODY)).await.replayed());
@@ -716,9 +716,9 @@ pub async fn t20_expired_key_runs_again(b: &Backend) {
     );
 }
 
-/// T21: the reaper deletes expired completed rows in batches, never in-progress ones, and
+/// The reaper deletes expired completed rows in batches, never in-progress ones, and
 /// reports them.
-pub async fn t21_reaper(b: &Backend) {
+pub async fn the_reaper_deletes_expired_completed_records(b: &Backend) {
     let (app, _c) = app(short(b.store()).build().unwrap());
     for k in ["r1", "r2", "r3"] {
         send(&app, post_req(Some(k), BODY)).await;
@@ -743,8 +743,8 @@ pub async fn t21_reaper(b: &Backend) {
     assert!(store.get("default", "r-stuck").await.unwrap().is_some());
 }
 
-/// T23: the store is down: 503 store-unavailable with Retry-After, handler not run.
-pub async fn t23_store_unavailable_fails_closed(b: &Backend) {
+/// The store is down: 503 store-unavailable with Retry-After, handler not run.
+pub async fn an_unavailable_store_fails_closed(b: &Backend) {
     let (app, c) = app(builder(b.broken_store().await).build().unwrap());
     let a = send(&app, post_req(Some("k-t23"), BODY)).await;
     a.assert_problem(503, "store-unavailable");
@@ -752,8 +752,8 @@ pub async fn t23_store_unavailable_fails_closed(b: &Backend) {
     assert_eq!(c.started(), 0);
 }
 
-/// T24: a body over the cap: 413, nothing stored, handler not run (declared and streamed).
-pub async fn t24_request_too_large(b: &Backend) {
+/// A body over the cap: 413, nothing stored, handler not run (declared and streamed).
+pub async fn a_request_over_the_cap_is_413(b: &Backend) {
     let (app, c) = app(builder(b.store())
         .with_max_request_bytes(16)
         .build()
@@ -774,9 +774,9 @@ pub async fn t24_request_too_large(b: &Backend) {
     assert_eq!(c.started(), 0);
 }
 
-/// T25: a response over `max_response_bytes` is delivered once; the replay is 409
+/// A response over `max_response_bytes` is delivered once; the replay is 409
 /// replay-unavailable with a link to the created resource.
-pub async fn t25_response_too_large(b: &Backend) {
+pub async fn a_response_over_the_cap_is_not_replayed(b: &Backend) {
     let (app, c) = app(builder(b.store())
         .with_max_response_bytes(100)
         .build()
@@ -799,8 +799,8 @@ pub async fn t25_response_too_large(b: &Backend) {
     assert_eq!(c.started(), 1);
 }
 
-/// T26: the client disconnects mid-handler; the run completes detached and finalises.
-pub async fn t26_client_disconnect(b: &Backend) {
+/// The client disconnects mid-handler; the run completes detached and finalises.
+pub async fn a_client_disconnect_still_finalises(b: &Backend) {
     let (app, c) = app(builder(b.store()).build().unwrap());
     let app2 = app.clone();
     let client = tokio::spawn(async move {
@@ -825,8 +825,8 @@ pub async fn t26_client_disconnect(b: &Backend) {
     assert_eq!(c.effects(), 1);
 }
 
-/// T27: only allowlisted headers are replayed.
-pub async fn t27_replayed_headers(b: &Backend) {
+/// Only allowlisted headers are replayed.
+pub async fn only_allowlisted_headers_are_replayed(b: &Backend) {
     let layer = builder(b.store())
         .with_replayed_header("x-payment-id".try_into().unwrap())
         .build()
@@ -846,8 +846,8 @@ pub async fn t27_replayed_headers(b: &Backend) {
     }
 }
 
-/// T28: canonical-JSON routes ignore key order; raw routes do not.
-pub async fn t28_canonical_json(b: &Backend) {
+/// Canonical-JSON routes ignore key order; raw routes do not.
+pub async fn canonical_json_routes_ignore_key_order(b: &Backend) {
     let reordered = r#"{ "currency": "EUR", "amount": 1000 }"#;
     let (canon, c) = app(builder(b.store())
         .with_fingerprint(Fingerprint::CanonicalJson)
@@ -867,8 +867,8 @@ pub async fn t28_canonical_json(b: &Backend) {
         .assert_problem(422, "key-reused");
 }
 
-/// T29: the schema call is idempotent (and SQLite's version is checked in it).
-pub async fn t29_schema_is_idempotent(b: &Backend) {
+/// The schema call is idempotent (and SQLite's version is checked in it).
+pub async fn ensure_schema_is_idempotent(b: &Backend) {
     b.store().ensure_schema().await.unwrap();
     b.store().ensure_schema().await.unwrap();
     let (app, _c) = app(builder(b.store()).build().unwrap());
@@ -879,7 +879,7 @@ pub async fn t29_schema_is_idempotent(b: &Backend) {
 }
 
 /// `store_5xx`: Stripe-v1 parity stores and replays a 500.
-pub async fn store_5xx_opt_in(b: &Backend) {
+pub async fn a_5xx_is_stored_when_opted_in(b: &Backend) {
     let (app, c) = app(builder(b.store()).with_store_5xx(true).build().unwrap());
     let fail = || {
         req("POST", "/charges", Some("k-5xx"), BODY)
@@ -899,14 +899,14 @@ pub async fn store_5xx_opt_in(b: &Backend) {
 
 /// The operator's listing: by id, filtered (a stuck record is one whose holder vanished),
 /// by scope, in pages; a recovered record is no longer stuck.
-pub async fn t30_list_filters_pages_and_recovery(b: &Backend) {
+pub async fn the_listing_filters_pages_and_sees_recovery(b: &Backend) {
     let (app, _c) = app(builder(b.store()).build().unwrap());
     let done = send(&app, post_req(Some("k-t30-done"), BODY)).await;
     assert_eq!(done.status, StatusCode::CREATED);
     let crashed = crash_after_effect(b.reopen().await, "k-t30-stuck", false).await;
     assert_eq!(crashed.effects(), 1);
     let store = b.store();
-    let keys = |v: Vec<redrive_http::idempotency::ListedRecord>| -> Vec<String> {
+    let keys = |v: Vec<redrive_idempotency::ListedRecord>| -> Vec<String> {
         v.into_iter().map(|l| l.key).collect()
     };
     let list = |filter: ListFilter| ListRequest {
@@ -1009,8 +1009,8 @@ pub async fn t30_list_filters_pages_and_recovery(b: &Backend) {
 
 /// The operator's release of a stuck key: refused for a missing, completed or running key;
 /// a stuck one is released and its next request runs again.
-pub async fn t31_release_stuck(b: &Backend) {
-    use redrive_http::idempotency::{ReleaseOutcome, release_stuck};
+pub async fn release_stuck_lets_the_next_request_run(b: &Backend) {
+    use redrive_idempotency::{ReleaseOutcome, release_stuck};
     let store = b.store();
     assert_eq!(
         release_stuck(&*store, "default", "k-t31-none")

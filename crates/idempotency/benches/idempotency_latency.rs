@@ -2,8 +2,8 @@
 //! the same router without it.
 //!
 //! ```text
-//! cargo bench -p redrive-http --bench idempotency_latency
-//! cargo bench -p redrive-http --bench idempotency_latency -- --requests 5000
+//! cargo bench -p redrive-idempotency --bench idempotency_latency
+//! cargo bench -p redrive-idempotency --bench idempotency_latency -- --requests 5000
 //! ```
 //!
 //! Each variant is its own axum server on `127.0.0.1:0`; one reqwest client (keep-alive)
@@ -22,8 +22,9 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::post;
-use redrive_http::idempotency::{
-    IdempotencyLayer, IdempotencyStore, MemoryStore, PostgresStore, SqliteStore,
+use redrive_idempotency::{
+    IdempotencyLayer, IdempotencyStore, MemoryIdempotencyStore, PostgresIdempotencyStore,
+    SqliteIdempotencyStore,
 };
 
 const BODY: &str = r#"{"amount":1000,"currency":"EUR"}"#;
@@ -137,7 +138,7 @@ struct PgSchema {
     schema: String,
 }
 
-async fn postgres(url: &str) -> Result<(PostgresStore, PgSchema), String> {
+async fn postgres(url: &str) -> Result<(PostgresIdempotencyStore, PgSchema), String> {
     let admin = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
         .acquire_timeout(Duration::from_secs(3))
@@ -149,7 +150,7 @@ async fn postgres(url: &str) -> Result<(PostgresStore, PgSchema), String> {
         .execute(&admin)
         .await
         .map_err(|e| e.to_string())?;
-    let store = PostgresStore::connect_in_schema(url, &schema, 8)
+    let store = PostgresIdempotencyStore::connect_in_schema(url, &schema, 8)
         .await
         .map_err(|e| e.to_string())?;
     store.ensure_schema().await.map_err(|e| e.to_string())?;
@@ -167,13 +168,13 @@ async fn main() {
         variants.push(Variant::new(format!("{name} replay"), addr, Keys::Replay));
     };
 
-    let memory: Arc<dyn IdempotencyStore> = Arc::new(MemoryStore::new());
+    let memory: Arc<dyn IdempotencyStore> = Arc::new(MemoryIdempotencyStore::new());
     let addr = serve(router().layer(IdempotencyLayer::new(memory))).await;
     add(&mut variants, "memory", addr);
 
     let dir = tempfile::tempdir().expect("tempdir");
     let sqlite_url = format!("sqlite://{}", dir.path().join("bench.db").display());
-    let sqlite = SqliteStore::connect(&sqlite_url)
+    let sqlite = SqliteIdempotencyStore::connect(&sqlite_url)
         .await
         .expect("open sqlite");
     sqlite.ensure_schema().await.expect("sqlite schema");
