@@ -147,6 +147,7 @@ const INSERT_REATTEMPT: &str =
     "INSERT INTO redrive_reattempts (quota_key, network, job_id, at) VALUES ($1, $2, $3, $4)";
 const REATTEMPTS_OF: &str = "SELECT job_id, network, at FROM redrive_reattempts \
     WHERE quota_key = $1 AND at > $2 ORDER BY at, id";
+#[cfg(feature = "postgres")]
 const PG_LOCK_KEY: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))";
 
 fn window_ms(w: Duration) -> i64 {

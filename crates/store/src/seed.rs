@@ -148,11 +148,10 @@ impl Store {
             left -= n as u64;
         }
         // Fresh statistics, as autovacuum would have gathered for a table grown this much.
-        let analyze = "ANALYZE redrive_jobs";
         match self {
             #[cfg(feature = "postgres")]
             Store::Postgres(s) => {
-                sqlx::query(analyze).execute(&s.pool).await?;
+                sqlx::query("ANALYZE redrive_jobs").execute(&s.pool).await?;
                 sqlx::query("ANALYZE redrive_attempts")
                     .execute(&s.pool)
                     .await?;
