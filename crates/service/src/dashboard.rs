@@ -694,31 +694,19 @@ async fn quota_use(
     set: &redrive_policy::PolicySet,
     key: &str,
     now: chrono::DateTime<Utc>,
-) -> Result<Vec<(String, usize, u32, String)>, redrive_store::StoreError> {
-    let span = |d: std::time::Duration| chrono::Duration::from_std(d).unwrap_or_default();
-    let longest = set
-        .quotas()
-        .iter()
-        .flat_map(|(_, w)| w.iter().map(|w| w.window))
-        .max()
-        .unwrap_or_default();
-    let taken = store.reattempts(key, now - span(longest)).await?;
-    let mut out = Vec::new();
-    for (network, windows) in set.quotas().iter() {
-        for w in windows {
-            let used = taken
-                .iter()
-                .filter(|r| r.network == network && r.at > now - span(w.window))
-                .count();
-            out.push((
-                network.as_str().to_owned(),
-                used,
-                w.max,
-                redrive_policy::format_duration(w.window),
-            ));
-        }
-    }
-    Ok(out)
+) -> Result<Vec<(String, u64, u32, String)>, redrive_store::StoreError> {
+    let (windows, _) = store.quota_use(key, set.quotas(), now).await?;
+    Ok(windows
+        .into_iter()
+        .map(|w| {
+            (
+                w.network.as_str().to_owned(),
+                w.used,
+                w.window.max,
+                redrive_policy::format_duration(w.window.window),
+            )
+        })
+        .collect())
 }
 
 async fn form_pairs(body: Body) -> Result<Vec<(String, String)>, ApiError> {

@@ -68,7 +68,7 @@ pub use operator::{
 };
 #[cfg(feature = "postgres")]
 pub use postgres::PgStore;
-pub use quota::{Decline, NewDecline, QuotaTake, Reattempt, ReattemptParams};
+pub use quota::{Decline, NewDecline, QuotaTake, Reattempt, ReattemptParams, WindowUse};
 pub use redrive_policy::Timestamp;
 pub use retention::{FINISHED_STATES, PRUNER_LEASE, Pruned};
 pub use schedule::{

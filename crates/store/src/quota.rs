@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use redrive_policy::{DeclineAdvice, Network, QuotaExhausted, QuotaWindow, Timestamp};
+use redrive_policy::{DeclineAdvice, Network, QuotaExhausted, QuotaRules, QuotaWindow, Timestamp};
 use serde::Serialize;
 
 use crate::model::{from_millis, millis};
@@ -68,6 +68,19 @@ pub struct Reattempt {
     pub network: Network,
     /// When it was taken.
     pub at: Timestamp,
+}
+
+/// One window of a network's quota and what a card key used of it ([`Store::quota_use`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WindowUse {
+    /// The network whose rule this is.
+    pub network: Network,
+    /// The rule: at most `max` reattempts within `window`.
+    pub window: QuotaWindow,
+    /// Reattempts taken inside the window now.
+    pub used: u64,
+    /// When the oldest reattempt in the window leaves it (the next room when full).
+    pub frees_at: Option<Timestamp>,
 }
 
 /// What [`Store::take_reattempt`] did.
@@ -284,6 +297,43 @@ impl Store {
                 Ok(out)
             }
         }
+    }
+
+    /// A card key's use of every window of `quotas` at `now`, with the reattempts inside the
+    /// longest window (oldest first): what `redrive quota show` and the dashboard show.
+    ///
+    /// # Errors
+    /// A database error, or a corrupt row.
+    pub async fn quota_use(
+        &self,
+        quota_key: &str,
+        quotas: &QuotaRules,
+        now: Timestamp,
+    ) -> Result<(Vec<WindowUse>, Vec<Reattempt>)> {
+        let span = |d: Duration| chrono::Duration::from_std(d).unwrap_or_default();
+        let longest = quotas
+            .iter()
+            .flat_map(|(_, w)| w.iter().map(|w| w.window))
+            .max()
+            .unwrap_or_default();
+        let reattempts = self.reattempts(quota_key, now - span(longest)).await?;
+        let mut windows = Vec::new();
+        for (network, ws) in quotas.iter() {
+            for w in ws {
+                let from = now - span(w.window);
+                let mut inside = reattempts
+                    .iter()
+                    .filter(|r| r.network == network && r.at > from);
+                let oldest = inside.next();
+                windows.push(WindowUse {
+                    network,
+                    window: *w,
+                    used: u64::from(oldest.is_some()) + inside.count() as u64,
+                    frees_at: oldest.map(|r| r.at + span(w.window)),
+                });
+            }
+        }
+        Ok((windows, reattempts))
     }
 
     /// A card key's reattempts after `since`, oldest first (`redrive quota show`).

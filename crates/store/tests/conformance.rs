@@ -2765,6 +2765,7 @@ mod declines {
         quota_key_is_stored_and_a_card_number_is_refused,
         declines_are_recorded_with_their_advice,
         a_full_window_frees_when_its_oldest_reattempt_leaves,
+        quota_use_counts_each_window_and_when_it_frees,
     );
 
     mod cases {
@@ -2999,6 +3000,52 @@ mod declines {
                 3,
                 "after T0 only"
             );
+        }
+
+        pub(crate) async fn quota_use_counts_each_window_and_when_it_frees(s: &Store) {
+            let minute = QuotaWindow {
+                max: 2,
+                window: Duration::from_secs(60),
+            };
+            let hour = QuotaWindow {
+                max: 3,
+                window: Duration::from_secs(3600),
+            };
+            let rules = redrive_policy::QuotaRules::none()
+                .with(Network::Mastercard, vec![minute, hour])
+                .unwrap();
+            for t in [T0, T0 + 10_000, T0 + 70_000] {
+                let taken = s
+                    .take_reattempt(&ReattemptParams {
+                        quota_key: "fp_4",
+                        network: Network::Mastercard,
+                        windows: &[minute, hour],
+                        job_id: 8,
+                        now: ms(t),
+                    })
+                    .await
+                    .unwrap();
+                assert_eq!(taken, QuotaTake::Taken, "at {t}");
+            }
+            let (windows, reattempts) = s.quota_use("fp_4", &rules, ms(T0 + 75_000)).await.unwrap();
+            assert_eq!(reattempts.len(), 3);
+            let seen: Vec<_> = windows
+                .iter()
+                .map(|w| (w.network, w.window.max, w.used, w.frees_at))
+                .collect();
+            assert_eq!(
+                seen,
+                vec![
+                    // The minute holds only the third; it leaves at T0 + 130 s.
+                    (Network::Mastercard, 2, 1, Some(ms(T0 + 130_000))),
+                    // The hour holds all three; the oldest leaves at T0 + 1 h.
+                    (Network::Mastercard, 3, 3, Some(ms(T0 + 3_600_000))),
+                ]
+            );
+            // Another card's use is its own; no reattempt: nothing frees.
+            let (other, _) = s.quota_use("fp_5", &rules, ms(T0)).await.unwrap();
+            assert!(other.iter().all(|w| w.used == 0 && w.frees_at.is_none()));
+            assert_eq!(other.len(), 2);
         }
     }
 }

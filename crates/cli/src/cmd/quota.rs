@@ -38,36 +38,19 @@ pub(crate) async fn usage_of(
     key: &str,
     now: DateTime<Utc>,
 ) -> anyhow::Result<QuotaUse> {
-    let longest = set
-        .quotas()
-        .iter()
-        .flat_map(|(_, w)| w.iter().map(|w| w.window))
-        .max()
-        .unwrap_or_default();
-    let since = now - chrono::Duration::from_std(longest).unwrap_or_default();
-    let reattempts = store.reattempts(key, since).await?;
-    let mut windows = Vec::new();
-    for (network, ws) in set.quotas().iter() {
-        for w in ws {
-            let from = now - chrono::Duration::from_std(w.window).unwrap_or_default();
-            let inside: Vec<&Reattempt> = reattempts
-                .iter()
-                .filter(|r| r.network == network && r.at > from)
-                .collect();
-            windows.push(WindowUse {
-                network,
-                window: format_duration(w.window),
-                max: w.max,
-                used: inside.len() as u64,
-                frees_at: inside
-                    .first()
-                    .map(|r| r.at + chrono::Duration::from_std(w.window).unwrap_or_default()),
-            });
-        }
-    }
+    let (windows, reattempts) = store.quota_use(key, set.quotas(), now).await?;
     Ok(QuotaUse {
         key: key.to_owned(),
-        windows,
+        windows: windows
+            .into_iter()
+            .map(|w| WindowUse {
+                network: w.network,
+                window: format_duration(w.window.window),
+                max: w.window.max,
+                used: w.used,
+                frees_at: w.frees_at,
+            })
+            .collect(),
         reattempts,
     })
 }
