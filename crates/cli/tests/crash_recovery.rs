@@ -6,43 +6,18 @@
 //! `redrive idempotency list|recover` shows and releases stuck keys.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Output;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use redrive_testkit::cli::{Running, http_request, ok_json as json_of, spawn_listening};
 use serde_json::Value;
 
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start(db: &str) -> (Server, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_redrive"))
-        .args(["--db", db, "serve", "--addr", "127.0.0.1:0"])
-        .args(["--idempotency-recovery-window", "1s"])
-        .env_remove("REDRIVE_API_TOKEN")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("run redrive serve");
-    let stdout = child.stdout.take().unwrap();
-    let server = Server(child);
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    let addr = line
-        .trim_end()
-        .strip_prefix("listening on http://")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_owned();
-    (server, addr)
+fn start(db: &str) -> (Running, String) {
+    let mut serve = redrive_testkit::cli!().db_command(db, ["serve", "--addr", "127.0.0.1:0"]);
+    serve.args(["--idempotency-recovery-window", "1s"]);
+    spawn_listening(&mut serve, "listening on http://")
 }
 
 /// One request with `Connection: close`: (status, headers and body), or an I/O error.
@@ -53,27 +28,8 @@ fn request(
     headers: &[String],
     body: &str,
 ) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(20)))?;
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for h in headers {
-        req.push_str(h);
-        req.push_str("\r\n");
-    }
-    req.push_str("\r\n");
-    req.push_str(body);
-    s.write_all(req.as_bytes())?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)?;
-    let status = out
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("no status in {out:?}")))?;
-    Ok((status, out))
+    let r = http_request(addr, method, path, headers, body, Duration::from_secs(20))?;
+    Ok((r.status, r.raw()))
 }
 
 const BODY: &str = r#"{"queue": "crash", "kind": "noop"}"#;
@@ -92,20 +48,7 @@ fn enqueue(addr: &str, key: &str) -> std::io::Result<(u16, String)> {
 }
 
 fn redrive(db: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_redrive"))
-        .args(["--db", db])
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn json_of(out: &Output) -> Value {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    redrive_testkit::cli!().run_db(db, args)
 }
 
 fn stuck_keys(db: &str) -> Vec<String> {
@@ -273,7 +216,8 @@ fn idempotency_commands_name_bad_input() {
     let out = redrive(&missing, &["idempotency", "list"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("missing.db"));
-    let out = Command::new(env!("CARGO_BIN_EXE_redrive"))
+    let out = redrive_testkit::cli!()
+        .cmd()
         .args([
             "--db",
             &db,

@@ -2,63 +2,17 @@
 //! `enqueue --quota-key`, `work`, `show` with the declines and the quota use, `quota show`,
 //! and the decline rows of `policy show`.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Output;
+
+use redrive_testkit::cli::{Running, err_text as err, ok_text as ok, spawn_listening};
 
 fn redrive(db: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_redrive"))
-        .arg("--db")
-        .arg(db)
-        .args(args)
-        .env_remove("REDRIVE_DATABASE_URL")
-        .env_remove("REDRIVE_POLICIES")
-        .output()
-        .expect("run redrive")
+    redrive_testkit::cli!().run_db(db, args)
 }
 
-fn ok(o: &Output) -> String {
-    assert!(
-        o.status.success(),
-        "exit {:?}: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn err(o: &Output, code: i32) -> String {
-    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert_eq!(o.status.code(), Some(code), "stderr: {stderr}");
-    stderr
-}
-
-struct Sim(Child);
-
-impl Drop for Sim {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn sim(extra: &[&str]) -> (Sim, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_redrive"))
-        .args(["psp-sim", "--addr", "127.0.0.1:0"])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("run redrive psp-sim");
-    let stdout = child.stdout.take().unwrap();
-    let s = Sim(child);
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    let url = line
-        .trim_end()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .to_owned();
-    (s, url)
+fn sim(extra: &[&str]) -> (Running, String) {
+    let mut sim = redrive_testkit::cli!().command(["psp-sim", "--addr", "127.0.0.1:0"]);
+    spawn_listening(sim.args(extra), "listening on ")
 }
 
 #[test]

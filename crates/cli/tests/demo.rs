@@ -6,18 +6,14 @@
 //! once" is read from its effects per key; the negative control runs the same scenario
 //! without the idempotency layer and sees the check fail.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::Value;
 
 fn demo(dir: &std::path::Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_redrive"))
-        .args(["demo", "--json", "--out"])
-        .arg(dir)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap()
+    let cli = redrive_testkit::cli!();
+    let mut demo = cli.command(["demo", "--json", "--out"]);
+    cli.output(demo.arg(dir).args(args).current_dir(dir))
 }
 
 fn report(o: &Output) -> Value {
@@ -191,19 +187,22 @@ fn exactly_once_check_catches_a_double_charge_without_the_layer() {
 
 #[test]
 fn demo_refuses_bad_flags_naming_them() {
-    let o = Command::new(env!("CARGO_BIN_EXE_redrive"))
+    let o = redrive_testkit::cli!()
+        .cmd()
         .args(["demo", "--concurrency", "0"])
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("--concurrency"));
-    let o = Command::new(env!("CARGO_BIN_EXE_redrive"))
+    let o = redrive_testkit::cli!()
+        .cmd()
         .args(["demo", "--serve", "--addr", "0.0.0.0:8080"])
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("loopback"));
-    let o = Command::new(env!("CARGO_BIN_EXE_redrive"))
+    let o = redrive_testkit::cli!()
+        .cmd()
         .args([
             "demo",
             "--sim-idempotency-layer",

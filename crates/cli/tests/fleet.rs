@@ -8,7 +8,7 @@
 //! Uses `REDRIVE_TEST_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`); fails,
 //! not skips, when `CI=true` and the server is unreachable.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use redrive_policy::BreakerState;
 use redrive_store::{JobState, NewJob, PgStore, Store};
+use redrive_testkit::PgSchema;
+use redrive_testkit::cli::{block, terminate};
 use serde_json::json;
 
 const POLICIES: &str = r#"
@@ -28,36 +30,17 @@ cooldown_jitter = 0.0
 half_open_probes = 2
 "#;
 
-fn block<T>(f: impl std::future::Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
-}
-
-/// A fresh schema; `None` (skip) only when PostgreSQL is unreachable (refused or timed out)
-/// and CI is not set; any other connection error fails.
-fn schema() -> Option<(PgStore, String)> {
-    let url = redrive_testkit::postgres_url();
-    static SEQ: AtomicU32 = AtomicU32::new(0);
-    let name = format!(
-        "rdfleet_{}_{}_{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::SeqCst),
-        Utc::now().timestamp_micros() % 1_000_000
-    );
-    match block(PgStore::connect(&url, Some(&name), 4)) {
-        Ok(pg) => {
-            let sep = if url.contains('?') { '&' } else { '?' };
-            Some((pg, format!("{url}{sep}schema={name}")))
-        }
-        Err(e) => {
-            // Skips only when the server is unreachable and CI is not set; fails otherwise.
-            redrive_testkit::skip_or_fail(&url, &e);
-            None
-        }
-    }
+/// A fresh schema and a store on it; `None` (skip) only when PostgreSQL is unreachable
+/// (refused or timed out) and CI is not set; any other connection error fails.
+fn schema() -> Option<(PgSchema, PgStore)> {
+    let schema = block(PgSchema::fresh("rdfleet"))?;
+    let pg = block(PgStore::connect(
+        schema.server_url(),
+        Some(schema.name()),
+        4,
+    ))
+    .expect("postgres store");
+    Some((schema, pg))
 }
 
 /// The fake dependency: 503 while `down`, one 429 with `Retry-After: 2` if `rate_limit_once`,
@@ -118,7 +101,8 @@ fn enqueue(pg: &PgStore, url: &str, n: usize) {
 }
 
 fn worker(db: &str, policies: &std::path::Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_redrive"))
+    redrive_testkit::cli!()
+        .cmd()
         .args(["--db", db, "--policies"])
         .arg(policies)
         .args([
@@ -130,7 +114,6 @@ fn worker(db: &str, policies: &std::path::Path) -> Child {
             "--shutdown-grace",
             "1s",
         ])
-        .env_remove("REDRIVE_DATABASE_URL")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -157,33 +140,14 @@ fn all_succeeded(pg: &PgStore, n: u64, limit: Duration) {
 
 /// SIGTERM to every worker, then waits for each to exit (at most 30 s, then SIGKILL and a
 /// failure).
-fn stop(mut children: Vec<Child>) {
-    for c in &children {
-        let sent = Command::new("kill")
-            .args(["-TERM", &c.id().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(sent.success(), "kill -TERM {}: {sent}", c.id());
-    }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for c in &mut children {
-        loop {
-            match c.try_wait().expect("wait for a worker") {
-                Some(_) => break,
-                None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
-                None => {
-                    let _ = c.kill();
-                    let _ = c.wait();
-                    panic!("worker {} did not exit within 30 s of SIGTERM", c.id());
-                }
-            }
-        }
-    }
+fn stop(children: Vec<Child>) {
+    terminate(children, Duration::from_secs(30));
 }
 
 #[test]
 fn two_processes_share_one_breaker_and_the_probe_limit() {
-    let Some((pg, db)) = schema() else { return };
+    let Some((fresh, pg)) = schema() else { return };
+    let db = fresh.url();
     let dir = tempfile::tempdir().unwrap();
     let policies = dir.path().join("p.toml");
     std::fs::write(&policies, POLICIES).unwrap();
@@ -202,7 +166,7 @@ fn two_processes_share_one_breaker_and_the_probe_limit() {
     let mut events = block(store.dependency_events(Some("psp"), 100)).unwrap();
     events.reverse();
     let log = dep.log.lock().unwrap().clone();
-    block(pg.drop_schema()).unwrap();
+    block(fresh.drop_now());
 
     let opened = events
         .iter()
@@ -238,7 +202,8 @@ fn two_processes_share_one_breaker_and_the_probe_limit() {
 
 #[test]
 fn a_retry_after_answered_to_one_process_delays_the_other() {
-    let Some((pg, db)) = schema() else { return };
+    let Some((fresh, pg)) = schema() else { return };
+    let db = fresh.url();
     let dir = tempfile::tempdir().unwrap();
     let policies = dir.path().join("p.toml");
     std::fs::write(&policies, POLICIES).unwrap();
@@ -250,7 +215,7 @@ fn a_retry_after_answered_to_one_process_delays_the_other() {
     enqueue(&pg, &url, 30);
     all_succeeded(&pg, 30, Duration::from_secs(60));
     stop(workers);
-    block(pg.drop_schema()).unwrap();
+    block(fresh.drop_now());
 
     assert_eq!(dep.limited.load(Ordering::SeqCst), 1);
     let log = dep.log.lock().unwrap().clone();
@@ -269,10 +234,12 @@ fn a_retry_after_answered_to_one_process_delays_the_other() {
 
 #[test]
 fn bench_on_postgres_enqueues_from_four_producers_by_default() {
-    let Some((pg, _)) = schema() else { return };
-    block(pg.drop_schema()).unwrap();
     let url = redrive_testkit::postgres_url();
-    let o = Command::new(env!("CARGO_BIN_EXE_redrive"))
+    if !block(redrive_testkit::postgres_available(&url)) {
+        return;
+    }
+    let o = redrive_testkit::cli!()
+        .cmd()
         .args([
             "--db",
             &url,
@@ -296,10 +263,12 @@ fn bench_on_postgres_enqueues_from_four_producers_by_default() {
 
 #[test]
 fn bench_drains_one_postgres_queue_with_several_work_processes() {
-    let Some((pg, _)) = schema() else { return };
-    block(pg.drop_schema()).unwrap();
     let url = redrive_testkit::postgres_url();
-    let o = Command::new(env!("CARGO_BIN_EXE_redrive"))
+    if !block(redrive_testkit::postgres_available(&url)) {
+        return;
+    }
+    let o = redrive_testkit::cli!()
+        .cmd()
         .args([
             "--db",
             &url,
@@ -361,7 +330,8 @@ const FLEET_OUTAGE: (u64, u64) = (4, 5);
 /// not set).
 fn fleet_run(n: usize, seed: u64) -> Option<FleetRun> {
     use redrive_psp_sim::{Faults, Outage, PspSim};
-    let (pg, db) = schema()?;
+    let (fresh, pg) = schema()?;
+    let db = fresh.url();
     let dir = tempfile::tempdir().unwrap();
     let policies = dir.path().join("p.toml");
     std::fs::write(
@@ -422,12 +392,12 @@ cooldown_max = "1500ms"
     let t = Instant::now();
     let workers: Vec<Child> = (0..3)
         .map(|_| {
-            Command::new(env!("CARGO_BIN_EXE_redrive"))
+            redrive_testkit::cli!()
+                .cmd()
                 .args(["--db", &db, "--policies"])
                 .arg(&policies)
                 .args(["work", "--queue", "pay", "--concurrency", "8"])
                 .args(["--shutdown-grace", "1s"])
-                .env_remove("REDRIVE_DATABASE_URL")
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
@@ -442,7 +412,7 @@ cooldown_max = "1500ms"
         stats: sim.stats(),
         log: sim.request_log(),
     };
-    block(pg.drop_schema()).unwrap();
+    block(fresh.drop_now());
     Some(run)
 }
 

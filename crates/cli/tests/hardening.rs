@@ -5,34 +5,20 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use redrive_store::{NewJob, PgStore, Store};
+use redrive_testkit::PgSchema;
+use redrive_testkit::cli::{block, text};
 use serde_json::{Value, json};
 
 fn cmd(db: &str, args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_redrive"));
-    c.arg("--db")
-        .arg(db)
-        .args(args)
-        .env_remove("REDRIVE_DATABASE_URL")
-        .env_remove("REDRIVE_POLICIES")
-        .env_remove("REDRIVE_REDACT")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null());
+    let mut c = redrive_testkit::cli!().db_command(db, args);
+    c.stdin(Stdio::null());
     c
 }
 
 fn redrive(db: &str, args: &[&str]) -> Output {
-    cmd(db, args).output().expect("run redrive")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    redrive_testkit::cli!().run_db(db, args)
 }
 
 fn ok(o: &Output) -> Value {
@@ -59,14 +45,6 @@ fn sqlite() -> (tempfile::TempDir, String) {
     let dir = tempfile::tempdir().unwrap();
     let db = format!("sqlite:{}", dir.path().join("q.db").display());
     (dir, db)
-}
-
-fn block<T>(f: impl std::future::Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
 }
 
 const SECRETS: [&str; 7] = [
@@ -166,7 +144,8 @@ fn no_listing_prints_a_secret() {
 #[test]
 fn database_passwords_are_never_printed() {
     // --help shows that the variable is read, not its value.
-    let o = Command::new(env!("CARGO_BIN_EXE_redrive"))
+    let o = redrive_testkit::cli!()
+        .cmd()
         .args(["jobs", "--help"])
         .env(
             "REDRIVE_DATABASE_URL",
@@ -182,24 +161,12 @@ fn database_passwords_are_never_printed() {
     let e = err(&o, 1, &["app:***@127.0.0.1:1"]);
     assert!(!e.contains("sv-dbpass"), "{e}");
     // So does migrate's report (trust authentication ignores the password).
-    let url = std::env::var("REDRIVE_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    static SEQ: AtomicU32 = AtomicU32::new(0);
-    let schema = format!(
-        "rdharden_{}_{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::SeqCst)
-    );
-    let pg = match block(PgStore::connect(&url, Some(&schema), 2)) {
-        Ok(pg) => pg,
-        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") => {
-            panic!("PostgreSQL at {url} is unreachable and CI=true: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping the PostgreSQL half: {e}");
-            return;
-        }
+    let Some(fresh) = block(PgSchema::fresh("rdharden")) else {
+        eprintln!("skipping the PostgreSQL half");
+        return;
     };
+    let (url, schema) = (fresh.server_url().to_owned(), fresh.name());
+    block(PgStore::connect(&url, Some(schema), 2)).expect("postgres store");
     let with_pw = match url
         .split_once("://")
         .and_then(|(s, r)| r.split_once('@').map(|(u, h)| (s, u, h)))
@@ -212,7 +179,7 @@ fn database_passwords_are_never_printed() {
     let sep = if with_pw.contains('?') { '&' } else { '?' };
     let o = redrive(&format!("{with_pw}{sep}schema={schema}"), &["migrate"]);
     let out = text(&o);
-    block(pg.drop_schema()).unwrap();
+    block(fresh.drop_now());
     assert!(o.status.success(), "{out}");
     assert!(out.contains("migrated postgres://"), "{out}");
     assert!(!out.contains("sv-dbpass"), "{out}");

@@ -2,63 +2,20 @@
 //! own (here: this test process, built on `redrive-runtime`) runs `charge`. The serve workers
 //! must leave the `charge` job alone.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Output;
+use std::time::Duration;
 
 use redrive_runtime::{Attempted, Worker, typed};
 use redrive_store::{JobState, Kinds, Store};
+use redrive_testkit::cli::{Running, ok_json as ok, spawn_listening};
 
-/// Kills the child even when an assertion fails.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start(db: &str, extra: &[&str]) -> (Server, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_redrive"))
-        .args(["--db", db, "serve", "--addr", "127.0.0.1:0"])
-        .args(extra)
-        .env_remove("REDRIVE_API_TOKEN")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("run redrive serve");
-    let stdout = child.stdout.take().unwrap();
-    let server = Server(child);
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    let addr = line
-        .trim_end()
-        .strip_prefix("listening on http://")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_owned();
-    (server, addr)
+fn start(db: &str, extra: &[&str]) -> (Running, String) {
+    let mut serve = redrive_testkit::cli!().db_command(db, ["serve", "--addr", "127.0.0.1:0"]);
+    spawn_listening(serve.args(extra), "listening on http://")
 }
 
 fn redrive(db: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_redrive"))
-        .arg("--db")
-        .arg(db)
-        .args(args)
-        .env_remove("REDRIVE_DATABASE_URL")
-        .env_remove("REDRIVE_POLICIES")
-        .output()
-        .expect("run redrive")
-}
-
-fn ok(o: &Output) -> serde_json::Value {
-    assert!(
-        o.status.success(),
-        "exit {:?}: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null)
+    redrive_testkit::cli!().run_db(db, args)
 }
 
 fn enqueue(db: &str, kind: &str, key: &str) -> i64 {
@@ -73,12 +30,8 @@ fn enqueue(db: &str, kind: &str, key: &str) -> i64 {
 }
 
 /// Polls `f` until it holds (the serve process works on its own schedule).
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < Duration::from_secs(30), "never: {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+fn wait_for(what: &str, f: impl FnMut() -> bool) {
+    redrive_testkit::cli::wait_for(what, Duration::from_secs(30), f);
 }
 
 #[test]
@@ -223,10 +176,10 @@ fn serve_takes_queue_and_kind_for_its_workers() {
         ),
         (&["--queue", "q"][..], "--workers"),
     ] {
-        let o = Command::new(env!("CARGO_BIN_EXE_redrive"))
+        let o = redrive_testkit::cli!()
+            .cmd()
             .args(["--db", &db, "serve", "--addr", "127.0.0.1:0"])
             .args(args)
-            .env_remove("REDRIVE_API_TOKEN")
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&o.stderr);

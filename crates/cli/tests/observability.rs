@@ -3,26 +3,15 @@
 //! and the alert rules against that scrape, JSON log lines, and (with `--features otel`) one
 //! OpenTelemetry trace from the API request to the PSP.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redrive_store::{ClaimParams, Kinds, NewJob, Store};
+use redrive_testkit::cli::{Running, http_request, spawn_listening, wait_for};
 use serde_json::{Value, json};
-
-/// Kills the child even when an assertion fails.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -30,53 +19,16 @@ fn repo_root() -> PathBuf {
 
 /// `redrive serve` on 127.0.0.1:0 with `extra` flags and `env`; returns the server and its
 /// address.
-fn serve(db: &str, extra: &[&str], env: &[(&str, &str)]) -> (Server, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_redrive"))
-        .args(["--db", db, "serve", "--addr", "127.0.0.1:0"])
-        .args(extra)
-        .env_remove("REDRIVE_API_TOKEN")
-        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-        .envs(env.iter().copied())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("run redrive serve");
-    let stdout = child.stdout.take().unwrap();
-    let server = Server(child);
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    let addr = line
-        .trim_end()
-        .strip_prefix("listening on http://")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_owned();
-    (server, addr)
+fn serve(db: &str, extra: &[&str], env: &[(&str, &str)]) -> (Running, String) {
+    let mut serve = redrive_testkit::cli!().db_command(db, ["serve", "--addr", "127.0.0.1:0"]);
+    serve.args(extra).envs(env.iter().copied());
+    spawn_listening(&mut serve, "listening on http://")
 }
 
 /// One HTTP/1.1 request with `Connection: close`; returns (status, body).
 fn request(addr: &str, method: &str, path: &str, headers: &[&str], body: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for h in headers {
-        req.push_str(h);
-        req.push_str("\r\n");
-    }
-    req.push_str("\r\n");
-    req.push_str(body);
-    s.write_all(req.as_bytes()).unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let status = out
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
-    (status, body)
+    let r = http_request(addr, method, path, headers, body, Duration::from_secs(10)).unwrap();
+    (r.status, r.body)
 }
 
 fn post_job(addr: &str, body: &Value, extra_headers: &[&str]) -> i64 {
@@ -86,14 +38,6 @@ fn post_job(addr: &str, body: &Value, extra_headers: &[&str]) -> i64 {
     assert_eq!(status, 201, "{res}");
     let v: Value = serde_json::from_str(&res).unwrap_or_else(|e| panic!("{e}: {res}"));
     v["job"]["id"].as_i64().unwrap()
-}
-
-fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < limit, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(25));
-    }
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -416,7 +360,8 @@ fn json_logs_are_one_object_a_line_with_the_attempt_fields() {
     let db = format!("sqlite:{}", dir.path().join("q.db").display());
     let policies = policies(dir.path(), false);
     let url = format!("{}/v1/charges?api_key=sk_live_hunter2", sim.url());
-    let enqueue = Command::new(env!("CARGO_BIN_EXE_redrive"))
+    let enqueue = redrive_testkit::cli!()
+        .cmd()
         .args([
             "--db",
             &db,
@@ -439,7 +384,8 @@ fn json_logs_are_one_object_a_line_with_the_attempt_fields() {
         "{}",
         String::from_utf8_lossy(&enqueue.stderr)
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_redrive"))
+    let out = redrive_testkit::cli!()
+        .cmd()
         .args(["--db", &db, "--policies", policies.to_str().unwrap()])
         .args(["--log-format", "json", "work", "--until-idle"])
         .env("RUST_LOG", "info")
@@ -478,7 +424,8 @@ fn json_logs_are_one_object_a_line_with_the_attempt_fields() {
     assert_eq!(attempts[1]["decision"], "succeeded");
 
     // Text on a pipe: no colour codes.
-    let out = Command::new(env!("CARGO_BIN_EXE_redrive"))
+    let out = redrive_testkit::cli!()
+        .cmd()
         .args(["--db", &db, "--log-format", "text", "jobs"])
         .env("RUST_LOG", "debug")
         .output()
@@ -486,7 +433,8 @@ fn json_logs_are_one_object_a_line_with_the_attempt_fields() {
     assert!(out.status.success());
     assert!(!String::from_utf8_lossy(&out.stderr).contains('\u{1b}'));
     // A bad value names the flag.
-    let out = Command::new(env!("CARGO_BIN_EXE_redrive"))
+    let out = redrive_testkit::cli!()
+        .cmd()
         .args(["--db", &db, "--log-format", "xml", "jobs"])
         .output()
         .unwrap();

@@ -3,48 +3,20 @@
 //! every worker process, every bulk action's `--dry-run` changes nothing, and the audit trail
 //! records what was done.
 
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Output, Stdio};
+use std::time::Duration;
 
 use chrono::Utc;
 use redrive_policy::DeadReason;
 use redrive_store::{
     ClaimParams, Completion, JobState, NewAttempt, NewJob, Store, Transition, error_signature,
 };
+use redrive_testkit::cli::{block, ok_json as ok, stdout as text, terminate, wait_for};
 use serde_json::{Value, json};
 
-fn block<T>(f: impl std::future::Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
-}
-
 fn redrive(db: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_redrive"))
-        .arg("--db")
-        .arg(db)
-        .args(args)
-        .env_remove("REDRIVE_DATABASE_URL")
-        .env_remove("REDRIVE_POLICIES")
-        .env("USER", "ops-alice")
-        .output()
-        .expect("run redrive")
-}
-
-fn ok(o: &Output) -> Value {
-    assert!(
-        o.status.success(),
-        "exit {:?}: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    serde_json::from_slice(&o.stdout).unwrap_or(Value::Null)
-}
-
-fn text(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
+    let cli = redrive_testkit::cli!();
+    cli.output(cli.db_command(db, args).env("USER", "ops-alice"))
 }
 
 fn fresh() -> (tempfile::TempDir, String, Store) {
@@ -55,46 +27,22 @@ fn fresh() -> (tempfile::TempDir, String, Store) {
 }
 
 fn worker(db: &str, queue: &str) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_redrive"))
+    redrive_testkit::cli!()
+        .cmd()
         .args(["--db", db, "work", "--queue", queue, "--concurrency", "4"])
         .args(["--shutdown-grace", "1s"])
-        .env_remove("REDRIVE_DATABASE_URL")
-        .env_remove("REDRIVE_POLICIES")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap()
 }
 
-fn stop(mut children: Vec<Child>) {
-    for c in &children {
-        let _ = Command::new("kill")
-            .args(["-TERM", &c.id().to_string()])
-            .status();
-    }
-    for c in &mut children {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while c.try_wait().unwrap().is_none() {
-            if Instant::now() > deadline {
-                let _ = c.kill();
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = c.wait();
-    }
+fn stop(children: Vec<Child>) {
+    terminate(children, Duration::from_secs(30));
 }
 
 fn state(store: &Store, id: i64) -> JobState {
     block(store.get(id)).unwrap().unwrap().state
-}
-
-fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 #[test]
@@ -526,13 +474,13 @@ fn hook_server() -> (String, Received, tokio::runtime::Runtime) {
 }
 
 fn worker_with(db: &str, policies: &std::path::Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_redrive"))
+    redrive_testkit::cli!()
+        .cmd()
         .arg("--db")
         .arg(db)
         .arg("--policies")
         .arg(policies)
         .args(["work", "--concurrency", "4", "--shutdown-grace", "1s"])
-        .env_remove("REDRIVE_DATABASE_URL")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -558,7 +506,8 @@ headers = {{ X-Hook-Token = "t0ken" }}
     )
     .unwrap();
     // The file is accepted by the other commands too.
-    let o = Command::new(env!("CARGO_BIN_EXE_redrive"))
+    let o = redrive_testkit::cli!()
+        .cmd()
         .arg("--policies")
         .arg(&policies)
         .args(["policy", "show", "payment", "--json"])
@@ -635,7 +584,8 @@ headers = {{ X-Hook-Token = "t0ken" }}
         "[[alerts]]\nurl = \"http://x/\"\non = [\"sometimes\"]\n",
     )
     .unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_redrive"))
+    let o = redrive_testkit::cli!()
+        .cmd()
         .arg("--db")
         .arg(&db)
         .arg("--policies")

@@ -1,21 +1,11 @@
 //! `redrive policy show`, run as a user runs it: the built binary.
 
-use std::process::{Command, Output};
+use std::process::Output;
+
+use redrive_testkit::cli::{stderr, stdout};
 
 fn redrive(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_redrive"))
-        .args(args)
-        .env_remove("REDRIVE_POLICIES")
-        .output()
-        .expect("run redrive")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
+    redrive_testkit::cli!().run(args)
 }
 
 #[test]

@@ -1,43 +1,18 @@
 //! `redrive psp-sim`, run as a user runs it: the built binary on 127.0.0.1:0.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-/// Kills the child even when an assertion fails.
-struct Sim(Child);
-
-impl Drop for Sim {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use redrive_testkit::cli::{Running, http_request, spawn_listening};
 
 /// Starts the simulator and reads its `listening on http://ADDR` line.
-fn start(extra: &[&str]) -> (Sim, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_redrive"))
-        .args(["psp-sim", "--addr", "127.0.0.1:0"])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run redrive psp-sim");
-    let stdout = child.stdout.take().unwrap();
-    let sim = Sim(child);
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    let addr = line
-        .trim_end()
-        .strip_prefix("listening on http://")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_owned();
+fn start(extra: &[&str]) -> (Running, String) {
+    let mut sim = redrive_testkit::cli!().command(["psp-sim", "--addr", "127.0.0.1:0"]);
+    let (sim, addr) = spawn_listening(sim.args(extra), "listening on http://");
     assert!(!addr.ends_with(":0"), "the real port is printed: {addr}");
     (sim, addr)
 }
 
-/// One HTTP/1.1 request with `Connection: close`; returns (status, head, body).
+/// One HTTP/1.1 request with `Connection: close`; returns (status, head in lower case, body).
 fn http(
     addr: &str,
     method: &str,
@@ -45,27 +20,9 @@ fn http(
     headers: &[(&str, &str)],
     body: &str,
 ) -> (u16, String, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    req.push_str(body);
-    s.write_all(req.as_bytes()).unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").expect("a full response");
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("a status line");
-    (status, head.to_ascii_lowercase(), body.to_owned())
+    let headers: Vec<String> = headers.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+    let r = http_request(addr, method, path, &headers, body, Duration::from_secs(30)).unwrap();
+    (r.status, r.head.to_ascii_lowercase(), r.body)
 }
 
 const JSON: (&str, &str) = ("Content-Type", "application/json");
@@ -181,7 +138,8 @@ fn bad_flag_values_exit_2_naming_the_flag() {
         (&["--latency", "fast"], "--latency"),
     ];
     for (args, flag) in cases {
-        let o = Command::new(env!("CARGO_BIN_EXE_redrive"))
+        let o = redrive_testkit::cli!()
+            .cmd()
             .args(["psp-sim", "--addr", "127.0.0.1:0"])
             .args(args)
             .output()
@@ -196,7 +154,8 @@ fn bad_flag_values_exit_2_naming_the_flag() {
 #[test]
 fn an_address_in_use_exits_1() {
     let (_sim, addr) = start(&[]);
-    let o = Command::new(env!("CARGO_BIN_EXE_redrive"))
+    let o = redrive_testkit::cli!()
+        .cmd()
         .args(["psp-sim", "--addr", &addr])
         .output()
         .expect("run redrive");

@@ -1,31 +1,15 @@
 //! The queue commands, run as the real binary against a fresh SQLite file.
 
-use std::process::{Command, Output};
+use std::process::Output;
+
+use redrive_testkit::cli::{err_text, ok_json as ok};
 
 fn redrive(db: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_redrive"))
-        .arg("--db")
-        .arg(db)
-        .args(args)
-        .env_remove("REDRIVE_DATABASE_URL")
-        .env_remove("REDRIVE_POLICIES")
-        .output()
-        .expect("run redrive")
-}
-
-fn ok(o: &Output) -> serde_json::Value {
-    assert!(
-        o.status.success(),
-        "exit {:?}: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null)
+    redrive_testkit::cli!().run_db(db, args)
 }
 
 fn err(o: &Output, code: i32, needle: &str) {
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(code), "stderr: {stderr}");
+    let stderr = err_text(o, code);
     assert!(stderr.contains(needle), "{needle:?} not in {stderr:?}");
     assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr:?}");
 }

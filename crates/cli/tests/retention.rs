@@ -6,30 +6,14 @@
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn redrive(db: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_redrive"))
-        .arg("--db")
-        .arg(db)
-        .args(args)
-        .env_remove("REDRIVE_DATABASE_URL")
-        .env_remove("REDRIVE_POLICIES")
-        .output()
-        .expect("run redrive")
-}
+use redrive_testkit::cli::{err_text, ok_json as ok};
 
-fn ok(o: &Output) -> serde_json::Value {
-    assert!(
-        o.status.success(),
-        "exit {:?}: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null)
+fn redrive(db: &str, args: &[&str]) -> Output {
+    redrive_testkit::cli!().run_db(db, args)
 }
 
 fn err(o: &Output, code: i32, needle: &str) {
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(code), "stderr: {stderr}");
+    let stderr = err_text(o, code);
     assert!(stderr.contains(needle), "{needle:?} not in {stderr:?}");
 }
 
@@ -367,7 +351,8 @@ fn two_workers_make_exactly_one_job_per_tick() {
         ],
     ));
     let spawn = || {
-        Command::new(env!("CARGO_BIN_EXE_redrive"))
+        redrive_testkit::cli!()
+            .cmd()
             .args([
                 "--db",
                 &db,
@@ -377,8 +362,6 @@ fn two_workers_make_exactly_one_job_per_tick() {
                 "--concurrency",
                 "2",
             ])
-            .env_remove("REDRIVE_DATABASE_URL")
-            .env_remove("REDRIVE_POLICIES")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -1,65 +1,20 @@
 //! `redrive serve`, run as a user runs it: the built binary on 127.0.0.1:0.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-/// Kills the child even when an assertion fails.
-struct Server(Child);
+use redrive_testkit::cli::{Running, http_request, spawn_listening};
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start(db: &str, extra: &[&str]) -> (Server, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_redrive"))
-        .args(["--db", db, "serve", "--addr", "127.0.0.1:0"])
-        .args(extra)
-        .env_remove("REDRIVE_API_TOKEN")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run redrive serve");
-    let stdout = child.stdout.take().unwrap();
-    let server = Server(child);
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    let addr = line
-        .trim_end()
-        .strip_prefix("listening on http://")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_owned();
+fn start(db: &str, extra: &[&str]) -> (Running, String) {
+    let mut serve = redrive_testkit::cli!().db_command(db, ["serve", "--addr", "127.0.0.1:0"]);
+    let (server, addr) = spawn_listening(serve.args(extra), "listening on http://");
     assert!(!addr.ends_with(":0"), "the real port is printed: {addr}");
     (server, addr)
 }
 
 /// One HTTP/1.1 request with `Connection: close`; returns (status, whole response).
 fn request(addr: &str, method: &str, path: &str, headers: &[&str], body: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for h in headers {
-        req.push_str(h);
-        req.push_str("\r\n");
-    }
-    req.push_str("\r\n");
-    req.push_str(body);
-    s.write_all(req.as_bytes()).unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let status = out
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (status, out)
+    let r = http_request(addr, method, path, headers, body, Duration::from_secs(10)).unwrap();
+    (r.status, r.raw())
 }
 
 #[test]
@@ -100,10 +55,10 @@ fn serve_answers_health_api_and_metrics() {
 
 /// `serve` with `extra` after `--addr 0.0.0.0:0`: refused before anything is bound.
 fn refused_beyond_loopback(extra: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_redrive"))
+    let out = redrive_testkit::cli!()
+        .cmd()
         .args(["--db", "sqlite::memory:", "serve", "--addr", "0.0.0.0:0"])
         .args(extra)
-        .env_remove("REDRIVE_API_TOKEN")
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -125,7 +80,8 @@ fn serve_refuses_a_short_token_beyond_loopback() {
     let err = refused_beyond_loopback(&["--token-file", file.to_str().unwrap()]);
     assert!(err.contains("with a token of 5 characters"), "{err}");
     // The environment variable is held to the same rule.
-    let out = Command::new(env!("CARGO_BIN_EXE_redrive"))
+    let out = redrive_testkit::cli!()
+        .cmd()
         .args(["--db", "sqlite::memory:", "serve", "--addr", "0.0.0.0:0"])
         .env("REDRIVE_API_TOKEN", "short")
         .output()
@@ -168,10 +124,10 @@ fn serve_reads_the_token_from_a_file() {
             "give the token once",
         ),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_redrive"))
+        let out = redrive_testkit::cli!()
+            .cmd()
             .args(["--db", &db, "serve", "--addr", "127.0.0.1:0"])
             .args(&args)
-            .env_remove("REDRIVE_API_TOKEN")
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
@@ -189,7 +145,8 @@ fn serve_checks_its_new_flags() {
         (vec!["--idle-timeout", "soon"], "--idle-timeout"),
         (vec!["--max-connections", "0"], "--max-connections"),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_redrive"))
+        let out = redrive_testkit::cli!()
+            .cmd()
             .args(["--db", "sqlite::memory:", "serve", "--addr", "127.0.0.1:0"])
             .args(&args)
             .output()
@@ -202,9 +159,9 @@ fn serve_checks_its_new_flags() {
 
 #[test]
 fn serve_refuses_a_public_address_without_a_token() {
-    let out = Command::new(env!("CARGO_BIN_EXE_redrive"))
+    let out = redrive_testkit::cli!()
+        .cmd()
         .args(["--db", "sqlite::memory:", "serve", "--addr", "0.0.0.0:0"])
-        .env_remove("REDRIVE_API_TOKEN")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
@@ -215,7 +172,8 @@ fn serve_refuses_a_public_address_without_a_token() {
     );
     assert_eq!(err.lines().count(), 1, "{err}");
 
-    let out = Command::new(env!("CARGO_BIN_EXE_redrive"))
+    let out = redrive_testkit::cli!()
+        .cmd()
         .args(["serve", "--addr", "localhost"])
         .output()
         .unwrap();

@@ -6,9 +6,10 @@
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redrive_store::{JobState, NewJob, Store};
+use redrive_testkit::cli::{block, ok_text, wait_for};
 use serde_json::json;
 
 /// A dependency that answers 200 after `delay`, counting requests per idempotency key.
@@ -57,14 +58,6 @@ impl Slow {
     }
 }
 
-fn block<T>(f: impl std::future::Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
-}
-
 fn setup(n: usize, dep: &Slow) -> (tempfile::TempDir, String) {
     let dir = tempfile::tempdir().unwrap();
     let db = format!("sqlite:{}", dir.path().join("q.db").display());
@@ -87,10 +80,10 @@ fn setup(n: usize, dep: &Slow) -> (tempfile::TempDir, String) {
 }
 
 fn work(db: &str, extra: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_redrive"))
+    redrive_testkit::cli!()
+        .cmd()
         .args(["--db", db, "work", "--queue", "pay", "--concurrency", "4"])
         .args(extra)
-        .env_remove("REDRIVE_DATABASE_URL")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -104,14 +97,6 @@ fn signal(child: &Child, sig: &str) {
         .unwrap()
         .success();
     assert!(ok, "kill {sig}");
-}
-
-fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < limit, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn jobs(db: &str) -> Vec<redrive_store::Job> {
@@ -128,11 +113,7 @@ fn jobs(db: &str) -> Vec<redrive_store::Job> {
 }
 
 fn finish(db: &str) {
-    let o = Command::new(env!("CARGO_BIN_EXE_redrive"))
-        .args(["--db", db, "work", "--until-idle", "--concurrency", "8"])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    ok_text(&redrive_testkit::cli!().run_db(db, ["work", "--until-idle", "--concurrency", "8"]));
 }
 
 #[test]

@@ -106,22 +106,13 @@ async fn the_job_store_and_the_idempotency_table_migrate_one_sqlite_database_in_
 
 #[tokio::test]
 async fn the_job_store_and_the_idempotency_table_migrate_one_postgres_schema_in_either_order() {
-    let url = redrive_testkit::postgres_url();
-    if !redrive_testkit::postgres_available(&url).await {
-        return;
-    }
     for store_first in [true, false] {
-        let schema = format!(
-            "idem_mig_{}",
-            &uuid::Uuid::new_v4().simple().to_string()[..16]
-        );
-        let admin = sqlx::PgPool::connect(&url).await.unwrap();
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-            .execute(&admin)
-            .await
-            .unwrap();
+        let Some(schema) = redrive_testkit::PgSchema::fresh("idem_mig").await else {
+            return;
+        };
+        let (url, name) = (schema.server_url(), schema.name());
         let idem: Arc<PostgresIdempotencyStore> = Arc::new(
-            PostgresIdempotencyStore::connect_in_schema(&url, &schema, 2)
+            PostgresIdempotencyStore::connect_in_schema(url, name, 2)
                 .await
                 .unwrap(),
         );
@@ -129,7 +120,7 @@ async fn the_job_store_and_the_idempotency_table_migrate_one_postgres_schema_in_
             if !store_first {
                 idem.ensure_schema().await?;
             }
-            let jobs = redrive_store::PgStore::connect(&url, Some(&schema), 2).await?;
+            let jobs = redrive_store::PgStore::connect(url, Some(name), 2).await?;
             jobs.migrate().await?;
             idem.ensure_schema().await?;
             claims_work(idem.as_ref(), "k").await;
@@ -137,13 +128,7 @@ async fn the_job_store_and_the_idempotency_table_migrate_one_postgres_schema_in_
         }
         .await;
         idem.close().await;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP SCHEMA IF EXISTS {schema} CASCADE"
-        )))
-        .execute(&admin)
-        .await
-        .unwrap();
-        admin.close().await;
+        schema.drop_now().await;
         result.unwrap();
     }
 }

@@ -5,7 +5,7 @@
 //! any other connection or migration error fails (see `redrive-testkit`).
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use chrono::Utc;
@@ -16,49 +16,12 @@ use redrive_policy::{
 use redrive_store::*;
 use serde_json::json;
 
-struct Harness {
-    store: Store,
-    _dir: Option<tempfile::TempDir>,
-}
+mod support;
 
-impl Harness {
-    async fn cleanup(self) {
-        if let Store::Postgres(pg) = &self.store {
-            pg.drop_schema().await.expect("drop schema");
-        }
-    }
-}
-
-async fn sqlite() -> Option<Harness> {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite:{}", dir.path().join("q.db").display());
-    Some(Harness {
-        store: Store::connect(&url).await.expect("sqlite store"),
-        _dir: Some(dir),
-    })
-}
-
-static SEQ: AtomicU64 = AtomicU64::new(0);
+use support::{Harness, sqlite};
 
 async fn postgres() -> Option<Harness> {
-    let url = redrive_testkit::postgres_url();
-    let schema = format!(
-        "rdt_{}_{}_{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed),
-        Utc::now().timestamp_micros() % 1_000_000
-    );
-    match PgStore::connect(&url, Some(&schema), 16).await {
-        Ok(pg) => Some(Harness {
-            store: Store::Postgres(pg),
-            _dir: None,
-        }),
-        Err(e) => {
-            // Skips only when the server is unreachable and CI is not set; fails otherwise.
-            redrive_testkit::skip_or_fail(&url, &e);
-            None
-        }
-    }
+    support::postgres("rdt", 16).await
 }
 
 fn ms(t: i64) -> Timestamp {

@@ -2,57 +2,18 @@
 //! `REDRIVE_TEST_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`), one fresh
 //! schema per test; it fails, not skips, when `CI=true` and the server is unreachable.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use chrono::Utc;
 use redrive_policy::{DeadReason, FailureClass, JobCounters};
 use redrive_store::*;
 use serde_json::json;
 
-struct Harness {
-    store: Store,
-    _dir: Option<tempfile::TempDir>,
-}
+mod support;
 
-impl Harness {
-    async fn cleanup(self) {
-        if let Store::Postgres(pg) = &self.store {
-            pg.drop_schema().await.expect("drop schema");
-        }
-    }
-}
-
-async fn sqlite() -> Option<Harness> {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite:{}", dir.path().join("q.db").display());
-    Some(Harness {
-        store: Store::connect(&url).await.expect("sqlite store"),
-        _dir: Some(dir),
-    })
-}
-
-static SEQ: AtomicU64 = AtomicU64::new(0);
+use support::{Harness, sqlite};
 
 async fn postgres() -> Option<Harness> {
-    let url = redrive_testkit::postgres_url();
-    let schema = format!(
-        "rdi_{}_{}_{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed),
-        Utc::now().timestamp_micros() % 1_000_000
-    );
-    match PgStore::connect(&url, Some(&schema), 4).await {
-        Ok(pg) => Some(Harness {
-            store: Store::Postgres(pg),
-            _dir: None,
-        }),
-        Err(e) => {
-            // Skips only when the server is unreachable and CI is not set; fails otherwise.
-            redrive_testkit::skip_or_fail(&url, &e);
-            None
-        }
-    }
+    support::postgres("rdi", 4).await
 }
 
 const T0: i64 = 1_800_000_000_000;

@@ -12,45 +12,12 @@ use std::time::Duration;
 use chrono::Utc;
 use redrive_store::*;
 
-struct Harness {
-    store: Store,
-    _dir: Option<tempfile::TempDir>,
-}
+mod support;
 
-impl Harness {
-    async fn cleanup(self) {
-        if let Store::Postgres(pg) = &self.store {
-            pg.drop_schema().await.expect("drop schema");
-        }
-    }
-}
-
-async fn sqlite() -> Option<Harness> {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite:{}", dir.path().join("q.db").display());
-    Some(Harness {
-        store: Store::connect(&url).await.expect("sqlite store"),
-        _dir: Some(dir),
-    })
-}
+use support::{Harness, sqlite};
 
 async fn postgres(tag: &str) -> Option<Harness> {
-    let url = redrive_testkit::postgres_url();
-    let schema = format!(
-        "rdp_{tag}_{}_{}",
-        std::process::id(),
-        Utc::now().timestamp_micros() % 1_000_000
-    );
-    match PgStore::connect(&url, Some(&schema), 8).await {
-        Ok(pg) => Some(Harness {
-            store: Store::Postgres(pg),
-            _dir: None,
-        }),
-        Err(e) => {
-            redrive_testkit::skip_or_fail(&url, &e);
-            None
-        }
-    }
+    support::postgres(&format!("rdp_{tag}"), 8).await
 }
 
 const DEPTH: u64 = 100_000;

@@ -1,5 +1,7 @@
 //! Helpers shared by redrive's test suites (a dev-dependency of the crates, never a
-//! dependency of the product).
+//! dependency of the product): when a PostgreSQL test may skip, a fresh schema per test
+//! ([`PgSchema`]), a disk that stops taking writes ([`DiskFault`]) and the runner of the
+//! `redrive` binary ([`cli`]).
 //!
 //! Why one place: a test that skips when PostgreSQL "is not there" passes silently whenever
 //! it cannot connect for any reason (a bad password, a missing database, a failing
@@ -24,6 +26,11 @@
 use std::error::Error;
 use std::io::ErrorKind;
 use std::time::Duration;
+
+pub mod cli;
+mod schema;
+
+pub use schema::PgSchema;
 
 /// The PostgreSQL the tests use when `REDRIVE_TEST_POSTGRES_URL` is not set.
 pub const DEFAULT_POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";

@@ -19,6 +19,7 @@ use redrive_idempotency::{
     ManualIdempotencyClock, MemoryIdempotencyStore, PostgresIdempotencyStore, ReapReport, RecordId,
     RecordInfo, Recovery, SqliteIdempotencyStore, StoreFuture, StoredResponse,
 };
+use redrive_testkit::PgSchema;
 use tower::ServiceExt;
 
 /// Which database a test runs on.
@@ -38,39 +39,6 @@ pub struct Backend {
     sqlite_url: Option<String>,
     pg: Option<PgSchema>,
     _dir: Option<tempfile::TempDir>,
-}
-
-pub fn postgres_url() -> String {
-    redrive_testkit::postgres_url()
-}
-
-/// A schema of its own, dropped when the test ends (even when it panics).
-#[derive(Debug)]
-struct PgSchema {
-    url: String,
-    schema: String,
-}
-
-impl Drop for PgSchema {
-    fn drop(&mut self) {
-        let (url, schema) = (self.url.clone(), self.schema.clone());
-        let _ = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            rt.block_on(async move {
-                if let Ok(pool) = sqlx::PgPool::connect(&url).await {
-                    let sql = format!("DROP SCHEMA IF EXISTS {schema} CASCADE");
-                    let _ = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&pool).await;
-                    pool.close().await;
-                }
-            });
-        })
-        .join();
-    }
 }
 
 impl Backend {
@@ -107,30 +75,13 @@ impl Backend {
     }
 
     pub async fn postgres() -> Option<Self> {
-        let url = postgres_url();
         // Skips only when the server is unreachable (refused or timed out) and CI is not set;
-        // any other connection error fails, here or at the `expect`s below.
-        if !redrive_testkit::postgres_available(&url).await {
-            return None;
-        }
-        let admin = sqlx::postgres::PgPoolOptions::new()
-            .acquire_timeout(Duration::from_secs(3))
-            .connect(&url)
-            .await
-            .unwrap_or_else(|e| panic!("PostgreSQL at {url}: {e}"));
-        let schema = format!("idem_test_{}", uuid::Uuid::new_v4().simple());
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-            .execute(&admin)
-            .await
-            .expect("create schema");
-        admin.close().await;
-        let guard = PgSchema {
-            url: url.clone(),
-            schema: schema.clone(),
-        };
-        let store = PostgresIdempotencyStore::connect_in_schema(&url, &schema, 10)
-            .await
-            .expect("pg pool");
+        // any other error fails.
+        let guard = PgSchema::fresh("idem_test").await?;
+        let store =
+            PostgresIdempotencyStore::connect_in_schema(guard.server_url(), guard.name(), 10)
+                .await
+                .expect("pg pool");
         store.ensure_schema().await.expect("pg schema");
         Some(Self {
             kind: Kind::Postgres,
@@ -158,7 +109,7 @@ impl Backend {
             Kind::Postgres => {
                 let pg = self.pg.as_ref().unwrap();
                 Arc::new(
-                    PostgresIdempotencyStore::connect_in_schema(&pg.url, &pg.schema, 10)
+                    PostgresIdempotencyStore::connect_in_schema(pg.server_url(), pg.name(), 10)
                         .await
                         .unwrap(),
                 )
@@ -183,7 +134,7 @@ impl Backend {
             }
             Kind::Postgres => {
                 let pg = self.pg.as_ref().unwrap();
-                let s = PostgresIdempotencyStore::connect_in_schema(&pg.url, &pg.schema, 10)
+                let s = PostgresIdempotencyStore::connect_in_schema(pg.server_url(), pg.name(), 10)
                     .await
                     .unwrap();
                 s.close().await;

@@ -3,7 +3,6 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
@@ -13,6 +12,7 @@ use redrive_policy::Outcome;
 use redrive_runtime::{Attempted, Handler, JobContext, Worker};
 use redrive_service::{AppConfig, AppState, Router, app};
 use redrive_store::{NewJob, PgStore, Store};
+use redrive_testkit::PgSchema;
 use serde_json::Value;
 use tower::ServiceExt;
 
@@ -20,12 +20,15 @@ pub struct Harness {
     pub store: Store,
     pub state: AppState,
     _dir: Option<tempfile::TempDir>,
+    schema: Option<PgSchema>,
 }
 
 impl Harness {
+    /// Drops the PostgreSQL schema (an SQLite directory goes with the value).
     pub async fn cleanup(self) {
-        if let Store::Postgres(pg) = &self.store {
-            pg.drop_schema().await.expect("drop schema");
+        let Self { schema, .. } = self;
+        if let Some(schema) = schema {
+            schema.drop_now().await;
         }
     }
     pub fn app(&self) -> Router {
@@ -46,37 +49,25 @@ pub async fn sqlite(config: AppConfig) -> Harness {
         store,
         state,
         _dir: Some(dir),
+        schema: None,
     }
 }
-
-static SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// A harness on a fresh PostgreSQL schema; `None` (skip) only when PostgreSQL is unreachable
 /// (refused or timed out) and CI is not set; a panic for any other connection error.
 pub async fn postgres(config: AppConfig) -> Option<Harness> {
-    let url = redrive_testkit::postgres_url();
-    let schema = format!(
-        "rds_{}_{}_{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed),
-        chrono::Utc::now().timestamp_micros() % 1_000_000
-    );
-    match PgStore::connect(&url, Some(&schema), 4).await {
-        Ok(pg) => {
-            let store = Store::Postgres(pg);
-            let state = AppState::new(store.clone(), config).await.expect("state");
-            Some(Harness {
-                store,
-                state,
-                _dir: None,
-            })
-        }
-        Err(e) => {
-            // Skips only when the server is unreachable and CI is not set; fails otherwise.
-            redrive_testkit::skip_or_fail(&url, &e);
-            None
-        }
-    }
+    let schema = PgSchema::fresh("rds").await?;
+    let pg = PgStore::connect(schema.server_url(), Some(schema.name()), 4)
+        .await
+        .expect("postgres store");
+    let store = Store::Postgres(pg);
+    let state = AppState::new(store.clone(), config).await.expect("state");
+    Some(Harness {
+        store,
+        state,
+        _dir: None,
+        schema: Some(schema),
+    })
 }
 
 pub struct Reply {
