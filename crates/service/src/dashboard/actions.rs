@@ -1,7 +1,24 @@
 //! The operator's POST routes: a job replayed, cancelled or run now; queues and dependencies
 //! paused; breakers forced; bulk actions; and the audit page.
 
-use super::*;
+use axum::Extension;
+use axum::body::Body;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Redirect, Response};
+use chrono::Utc;
+use maud::html;
+use redrive_http::redact::redact_text;
+use redrive_store::{DependencyOp, JobFilter};
+
+use super::format::when;
+use super::forms::{actor, form_pairs};
+use super::layout::{Page, html_response, layout};
+use crate::api::{parse_id, replay_one};
+use crate::auth;
+use crate::auth::Identity;
+use crate::error::ApiError;
+use crate::state::AppState;
 
 pub(super) async fn job_replay(
     State(state): State<AppState>,

@@ -1,6 +1,15 @@
 //! `/breakers`: every breaker, its state, next probe and transitions.
 
-use super::*;
+use axum::extract::State;
+use axum::response::Response;
+use chrono::Utc;
+use maud::html;
+use redrive_http::redact::redact_text;
+
+use super::format::{fmt_time, relative, state_badge, when};
+use super::layout::{Page, html_response, layout};
+use crate::api::breaker_views;
+use crate::state::AppState;
 
 pub(super) async fn breakers(State(state): State<AppState>) -> Result<Response, Page> {
     let list = breaker_views(&state.inner.store).await?;

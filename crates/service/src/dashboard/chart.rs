@@ -1,6 +1,9 @@
 //! The chart of attempts per second, by class, as inline SVG.
 
-use super::*;
+use maud::{Markup, html};
+use redrive_store::{AttemptBucket, Timestamp};
+
+use super::{CHART_BUCKET, CHART_WINDOW};
 
 pub(super) const CLASSES: [(&str, &str); 7] = [
     ("success", "#059669"),

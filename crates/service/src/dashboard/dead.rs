@@ -1,6 +1,22 @@
 //! `/dead`: dead jobs grouped by reason and error signature, replayed or purged.
 
-use super::*;
+use axum::Extension;
+use axum::body::Body;
+use axum::extract::{RawQuery, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use chrono::Utc;
+use maud::html;
+use redrive_http::redact::redact_text;
+use redrive_store::BulkAction;
+
+use super::IDS_PER_GROUP;
+use super::format::state_badge;
+use super::forms::{actor, bulk_form, confirm_page, done_page, filter_of, form_pairs};
+use super::layout::{Page, html_response, layout};
+use crate::auth;
+use crate::auth::Identity;
+use crate::state::AppState;
 
 pub(super) async fn dead(
     State(state): State<AppState>,

@@ -1,6 +1,8 @@
 //! Small renderings shared by the pages: times, durations, state badges, links.
 
-use super::*;
+use chrono::{DateTime, Utc};
+use maud::{Markup, html};
+use redrive_store::{JobState, Timestamp};
 
 pub(super) fn fmt_time(t: DateTime<Utc>) -> String {
     t.format("%Y-%m-%d %H:%M:%S UTC").to_string()

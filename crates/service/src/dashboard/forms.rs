@@ -1,6 +1,15 @@
 //! Reading the dashboard's forms, and the confirm and done pages of bulk actions.
 
-use super::*;
+use axum::Extension;
+use axum::body::Body;
+use axum::response::Response;
+use maud::html;
+use redrive_store::{Actor, JobFilter, JobId};
+
+use super::layout::{html_response, layout};
+use crate::api::{parse_id, read_body};
+use crate::auth::Identity;
+use crate::error::ApiError;
 
 pub(super) async fn form_pairs(body: Body) -> Result<Vec<(String, String)>, ApiError> {
     let bytes = read_body(body).await?;

@@ -1,6 +1,17 @@
 //! `/jobs` (the filtered list) and `/jobs/{id}` (a job and its attempt timeline).
 
-use super::*;
+use axum::extract::{Path, RawQuery, State};
+use axum::response::Response;
+use chrono::Utc;
+use maud::{Markup, html};
+use redrive_http::redact::{redact_text, redact_value};
+use redrive_store::{BulkAction, Job, JobState, Timestamp};
+
+use super::chart::class_colour;
+use super::format::{fmt_time, jobs_link, ms, state_badge, when};
+use super::layout::{Page, html_response, layout};
+use crate::api::{parse_id, parse_list};
+use crate::state::AppState;
 
 pub(super) fn job_row(j: &Job, now: Timestamp) -> Markup {
     let why = j

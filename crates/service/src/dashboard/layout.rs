@@ -1,6 +1,11 @@
 //! The frame of every page, the error page and the headers every HTML answer carries.
 
-use super::*;
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use maud::{DOCTYPE, Markup, PreEscaped, html};
+
+use super::assets::{CSS, JS};
+use crate::error::ApiError;
 
 /// A dashboard failure, shown as an HTML page.
 pub(super) struct Page(ApiError);

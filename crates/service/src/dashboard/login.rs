@@ -1,6 +1,19 @@
 //! `/login` and `/logout`: the session cookie of a dashboard with a token.
 
-use super::*;
+use std::time::Duration;
+
+use axum::Extension;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Redirect, Response};
+use maud::{Markup, html};
+
+use super::forms::form_pairs;
+use super::layout::{Page, html_response, layout};
+use crate::auth::{self, SESSION_COOKIE};
+use crate::error::ApiError;
+use crate::state::AppState;
 
 /// Where to go after signing in: a path of this site, else `/`. It must start with one `/`
 /// (not `//`, which a browser reads as another host) and hold only visible ASCII, no

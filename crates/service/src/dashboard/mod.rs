@@ -15,26 +15,12 @@
 
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::extract::{ConnectInfo, Path, RawQuery, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::Router;
 use axum::middleware;
-use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
-use axum::{Extension, Router};
-use chrono::{DateTime, Utc};
-use maud::{DOCTYPE, Markup, PreEscaped, html};
-use redrive_http::redact::{redact_text, redact_value};
-use redrive_store::{
-    Actor, AttemptBucket, BulkAction, DependencyOp, Job, JobFilter, JobId, JobState, QueueCount,
-    Timestamp,
-};
 
-use crate::api::{breaker_views, parse_id, parse_list, read_body, replay_one};
-use crate::auth::{self, Identity, SESSION_COOKIE};
-use crate::error::ApiError;
+use crate::auth;
 use crate::state::AppState;
-use crate::views::BreakerView;
 
 mod actions;
 mod assets;
@@ -50,10 +36,17 @@ mod overview;
 mod search;
 mod workers;
 
-use self::{
-    actions::*, assets::*, breakers::*, chart::*, dead::*, format::*, forms::*, jobs::*, layout::*,
-    login::*, overview::*, search::*, workers::*,
+use self::actions::{
+    audit_page, breaker_force, bulk_action, dependency_pause, dependency_resume, job_cancel,
+    job_replay, job_run_now, queue_pause, queue_resume,
 };
+use self::breakers::breakers;
+use self::dead::{dead, dead_purge, dead_replay};
+use self::jobs::{job, jobs};
+use self::login::{login, login_form, logout};
+use self::overview::overview;
+use self::search::search;
+use self::workers::workers;
 
 /// How far back the chart of attempts looks.
 pub(crate) const CHART_WINDOW: Duration = Duration::from_secs(10 * 60);

@@ -1,6 +1,18 @@
 //! `/`: queues, breakers, attempts per second and dead jobs by reason.
 
-use super::*;
+use axum::extract::State;
+use axum::response::Response;
+use chrono::Utc;
+use maud::{Markup, html};
+use redrive_store::{JobState, QueueCount};
+
+use super::chart::chart;
+use super::format::{fmt_time, jobs_link, relative, state_badge};
+use super::layout::{Page, html_response, layout};
+use super::{CHART_BUCKET, CHART_WINDOW};
+use crate::api::breaker_views;
+use crate::state::AppState;
+use crate::views::BreakerView;
 
 pub(super) fn queue_table(counts: &[QueueCount], paused: &[String]) -> Markup {
     let mut queues: Vec<&str> = counts.iter().map(|c| c.queue.as_str()).collect();

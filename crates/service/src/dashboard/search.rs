@@ -1,6 +1,16 @@
 //! `/search`: a job id, an idempotency key or a dependency.
 
-use super::*;
+use axum::extract::{RawQuery, State};
+use axum::response::{IntoResponse, Redirect, Response};
+use chrono::Utc;
+use maud::html;
+use redrive_store::{Job, JobId};
+
+use super::format::{relative, state_badge};
+use super::jobs::job_row;
+use super::layout::{Page, html_response, layout};
+use crate::error::ApiError;
+use crate::state::AppState;
 
 /// The search box: a job id, an idempotency key or a dependency. One job found (and no
 /// dependency) goes straight to that job; otherwise a page lists what matched.

@@ -1,6 +1,14 @@
 //! `/workers`: the live workers and the jobs waiting for a kind none of them runs.
 
-use super::*;
+use axum::extract::State;
+use axum::response::Response;
+use chrono::Utc;
+use maud::html;
+
+use super::format::{relative, when};
+use super::layout::{Page, html_response, layout};
+use super::overview::unhandled_warning;
+use crate::state::AppState;
 
 pub(super) async fn workers(State(state): State<AppState>) -> Result<Response, Page> {
     let store = &state.inner.store;
