@@ -438,9 +438,28 @@ pub(crate) async fn replay_one(
     id: JobId,
     who: &redrive_store::Actor,
 ) -> Result<redrive_store::Job, ApiError> {
+    act_on_one(
+        store,
+        id,
+        who,
+        redrive_store::BulkAction::Replay,
+        "replay (only dead jobs can be replayed)",
+    )
+    .await
+}
+
+/// `action` on the job `id`, audited as `who`'s: the job as it is after, 404 for none, 409
+/// (naming `operation`) when the action did not apply to it.
+async fn act_on_one(
+    store: &Store,
+    id: JobId,
+    who: &redrive_store::Actor,
+    action: redrive_store::BulkAction,
+    operation: &'static str,
+) -> Result<redrive_store::Job, ApiError> {
     let n = store
         .bulk(
-            redrive_store::BulkAction::Replay,
+            action,
             &redrive_store::JobFilter::ids(vec![id]),
             who,
             false,
@@ -453,7 +472,7 @@ pub(crate) async fn replay_one(
         return Err(redrive_store::StoreError::WrongState {
             id,
             state: job.state,
-            operation: "replay (only dead jobs can be replayed)",
+            operation,
         }
         .into());
     }
@@ -512,26 +531,7 @@ pub(crate) async fn cancel_one(
     id: JobId,
     who: &redrive_store::Actor,
 ) -> Result<redrive_store::Job, ApiError> {
-    let n = store
-        .bulk(
-            redrive_store::BulkAction::Cancel,
-            &redrive_store::JobFilter::ids(vec![id]),
-            who,
-            false,
-            chrono::Utc::now(),
-        )
-        .await?
-        .count;
-    let job = job_or_404(store, id).await?;
-    if n == 0 {
-        return Err(redrive_store::StoreError::WrongState {
-            id,
-            state: job.state,
-            operation: "cancel",
-        }
-        .into());
-    }
-    Ok(job)
+    act_on_one(store, id, who, redrive_store::BulkAction::Cancel, "cancel").await
 }
 
 /// Every breaker with its recent transitions.

@@ -16,6 +16,7 @@ use redrive_policy::{
 use redrive_store::*;
 use serde_json::json;
 
+#[macro_use]
 mod support;
 
 use support::{Harness, sqlite};
@@ -89,34 +90,7 @@ fn with(job: &Job, transition: Transition, now: Timestamp) -> Completion {
     }
 }
 
-macro_rules! conformance {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    if let Some(h) = super::sqlite().await {
-                        super::cases::$name(&h.store).await;
-                        h.cleanup().await;
-                    }
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    if let Some(h) = super::postgres().await {
-                        super::cases::$name(&h.store).await;
-                        h.cleanup().await;
-                    }
-                }
-            )*
-        }
-    };
-}
-
-conformance!(
+both_backends!(
     traceparent_is_stored_with_the_job,
     enqueue_dedupes_on_key,
     enqueued_job_is_the_stored_job,
@@ -2272,7 +2246,7 @@ mod sqlite_file {
 mod retention {
     use super::*;
 
-    conformance!(
+    both_backends!(
         pruner_lease_one_contender_wins_and_expiry_lets_the_other,
         prune_batches_take_only_finished_jobs_older_than_the_age,
         four_concurrent_schedulers_make_one_job_per_tick,
@@ -2723,7 +2697,7 @@ mod retention {
 mod declines {
     use super::*;
 
-    conformance!(
+    both_backends!(
         eight_workers_forty_declined_jobs_of_one_card_take_at_most_fifteen_reattempts,
         quota_key_is_stored_and_a_card_number_is_refused,
         declines_are_recorded_with_their_advice,

@@ -8,6 +8,7 @@ use redrive_policy::{DeadReason, FailureClass, JobCounters};
 use redrive_store::*;
 use serde_json::json;
 
+#[macro_use]
 mod support;
 
 use support::{Harness, sqlite};
@@ -211,34 +212,7 @@ mod cases {
     }
 }
 
-macro_rules! both {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    if let Some(h) = super::sqlite().await {
-                        super::cases::$name(&h.store).await;
-                        h.cleanup().await;
-                    }
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    if let Some(h) = super::postgres().await {
-                        super::cases::$name(&h.store).await;
-                        h.cleanup().await;
-                    }
-                }
-            )*
-        }
-    };
-}
-
-both!(
+both_backends!(
     attempt_rate_buckets_by_second_and_class,
     dead_reasons_and_groups
 );

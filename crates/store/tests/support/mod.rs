@@ -48,3 +48,34 @@ pub async fn postgres(prefix: &str, connections: u32) -> Option<Harness> {
         schema: Some(schema),
     })
 }
+
+/// Declares every named case twice, as `sqlite::NAME` and `postgres::NAME`: each a test that
+/// runs `cases::NAME(&store)` on a fresh store of that backend (from the `sqlite()` and
+/// `postgres()` in scope where the macro is used) and cleans up after it.
+#[allow(unused_macros)]
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    if let Some(h) = super::sqlite().await {
+                        super::cases::$name(&h.store).await;
+                        h.cleanup().await;
+                    }
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    if let Some(h) = super::postgres().await {
+                        super::cases::$name(&h.store).await;
+                        h.cleanup().await;
+                    }
+                }
+            )*
+        }
+    };
+}
