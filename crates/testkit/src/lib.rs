@@ -1,7 +1,7 @@
 //! Helpers shared by redrive's test suites (a dev-dependency of the crates, never a
 //! dependency of the product): when a PostgreSQL test may skip, a fresh schema per test
 //! ([`PgSchema`]), a disk that stops taking writes ([`DiskFault`]) and the runner of the
-//! `redrive` binary ([`cli`]).
+//! `redrive` binary ([`mod@cli`]).
 //!
 //! Why one place: a test that skips when PostgreSQL "is not there" passes silently whenever
 //! it cannot connect for any reason (a bad password, a missing database, a failing
