@@ -8,7 +8,7 @@
 //! Uses `REDRIVE_TEST_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`); fails,
 //! not skips, when `CI=true` and the server is unreachable.
 
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -17,7 +17,7 @@ use chrono::{DateTime, Utc};
 use redrive_policy::BreakerState;
 use redrive_store::{JobState, NewJob, PgStore, Store};
 use redrive_testkit::PgSchema;
-use redrive_testkit::cli::{block, terminate};
+use redrive_testkit::cli::{Running, block, terminate};
 use serde_json::json;
 
 const POLICIES: &str = r#"
@@ -100,7 +100,7 @@ fn enqueue(pg: &PgStore, url: &str, n: usize) {
     block(Store::Postgres(pg.clone()).enqueue_many(&jobs, Utc::now())).unwrap();
 }
 
-fn worker(db: &str, policies: &std::path::Path) -> Child {
+fn worker(db: &str, policies: &std::path::Path) -> Running {
     redrive_testkit::cli!()
         .cmd()
         .args(["--db", db, "--policies"])
@@ -117,6 +117,7 @@ fn worker(db: &str, policies: &std::path::Path) -> Child {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
+        .map(Running)
         .unwrap()
 }
 
@@ -140,7 +141,7 @@ fn all_succeeded(pg: &PgStore, n: u64, limit: Duration) {
 
 /// SIGTERM to every worker, then waits for each to exit (at most 30 s, then SIGKILL and a
 /// failure).
-fn stop(children: Vec<Child>) {
+fn stop(children: Vec<Running>) {
     terminate(children, Duration::from_secs(30));
 }
 
@@ -390,7 +391,7 @@ cooldown_max = "1500ms"
     block(Store::Postgres(pg.clone()).enqueue_many(&jobs, Utc::now())).unwrap();
     sim.reset();
     let t = Instant::now();
-    let workers: Vec<Child> = (0..3)
+    let workers: Vec<Running> = (0..3)
         .map(|_| {
             redrive_testkit::cli!()
                 .cmd()
@@ -401,6 +402,7 @@ cooldown_max = "1500ms"
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
+                .map(Running)
                 .unwrap()
         })
         .collect();

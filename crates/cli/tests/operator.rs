@@ -3,7 +3,7 @@
 //! every worker process, every bulk action's `--dry-run` changes nothing, and the audit trail
 //! records what was done.
 
-use std::process::{Child, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use chrono::Utc;
@@ -11,7 +11,7 @@ use redrive_policy::DeadReason;
 use redrive_store::{
     ClaimParams, Completion, JobState, NewAttempt, NewJob, Store, Transition, error_signature,
 };
-use redrive_testkit::cli::{block, ok_json as ok, stdout as text, terminate, wait_for};
+use redrive_testkit::cli::{Running, block, ok_json as ok, stdout as text, terminate, wait_for};
 use serde_json::{Value, json};
 
 fn redrive(db: &str, args: &[&str]) -> Output {
@@ -26,7 +26,7 @@ fn fresh() -> (tempfile::TempDir, String, Store) {
     (dir, db, store)
 }
 
-fn worker(db: &str, queue: &str) -> Child {
+fn worker(db: &str, queue: &str) -> Running {
     redrive_testkit::cli!()
         .cmd()
         .args(["--db", db, "work", "--queue", queue, "--concurrency", "4"])
@@ -34,10 +34,11 @@ fn worker(db: &str, queue: &str) -> Child {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
+        .map(Running)
         .unwrap()
 }
 
-fn stop(children: Vec<Child>) {
+fn stop(children: Vec<Running>) {
     terminate(children, Duration::from_secs(30));
 }
 
@@ -473,7 +474,7 @@ fn hook_server() -> (String, Received, tokio::runtime::Runtime) {
     (format!("http://{addr}"), got, rt)
 }
 
-fn worker_with(db: &str, policies: &std::path::Path) -> Child {
+fn worker_with(db: &str, policies: &std::path::Path) -> Running {
     redrive_testkit::cli!()
         .cmd()
         .arg("--db")
@@ -484,6 +485,7 @@ fn worker_with(db: &str, policies: &std::path::Path) -> Child {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
+        .map(Running)
         .unwrap()
 }
 

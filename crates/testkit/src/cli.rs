@@ -202,12 +202,13 @@ pub fn spawn_listening(cmd: &mut Command, prefix: &str) -> (Running, String) {
 }
 
 /// Sends SIGTERM to every child, then waits for each to exit; one still running after
-/// `limit` is killed and fails the test.
+/// `limit` is killed and fails the test. (A child of a test that fails before this is killed
+/// when its [`Running`] is dropped.)
 ///
 /// # Panics
 /// When `kill` cannot be run or a child outlives `limit`.
-pub fn terminate(mut children: Vec<Child>, limit: Duration) {
-    for c in &children {
+pub fn terminate(mut children: Vec<Running>, limit: Duration) {
+    for Running(c) in &children {
         let sent = Command::new("kill")
             .args(["-TERM", &c.id().to_string()])
             .status()
@@ -215,7 +216,7 @@ pub fn terminate(mut children: Vec<Child>, limit: Duration) {
         assert!(sent.success(), "kill -TERM {}: {sent}", c.id());
     }
     let deadline = Instant::now() + limit;
-    for c in &mut children {
+    for Running(c) in &mut children {
         loop {
             match c.try_wait().expect("wait for a child") {
                 Some(_) => break,
