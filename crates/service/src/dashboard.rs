@@ -585,7 +585,7 @@ async fn job(State(state): State<AppState>, Path(id): Path<String>) -> Result<Re
     let j = store
         .get(id)
         .await?
-        .ok_or(redrive_store::StoreError::NotFound(id))?;
+        .ok_or(redrive_store::StoreError::JobNotFound { id })?;
     let attempts = store.attempts(id).await?;
     let now = Utc::now();
     let declines = store.declines(id).await?;

@@ -241,7 +241,7 @@ macro_rules! shared_ops {
                 match row {
                     Some(r) => r.into_job(),
                     None => match self.get_impl(id).await? {
-                        None => Err(crate::StoreError::NotFound(id)),
+                        None => Err(crate::StoreError::JobNotFound { id }),
                         Some(j) => Err(crate::StoreError::WrongState {
                             id,
                             state: j.state,

@@ -1409,7 +1409,7 @@ mod cases {
         );
         assert!(matches!(
             s.cancel(424_242, now).await.unwrap_err(),
-            StoreError::NotFound(424_242)
+            StoreError::JobNotFound { id: 424_242 }
         ));
     }
 

@@ -321,7 +321,7 @@ async fn find_job(store: &Store, a: &ShowArgs) -> anyhow::Result<Job> {
             ));
         }
         let id = a.id.ok_or_else(|| usage("give a job id or --key"))?;
-        return Ok(store.get(id).await?.ok_or(StoreError::NotFound(id))?);
+        return Ok(store.get(id).await?.ok_or(StoreError::JobNotFound { id })?);
     };
     // A key is unique per queue: at most one job per queue holds it.
     let page = store
