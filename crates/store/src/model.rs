@@ -646,6 +646,103 @@ pub struct Completion {
     pub now: Timestamp,
 }
 
+impl Completion {
+    /// A completion of `transition`, after `attempt` if one was made. The job's last error is
+    /// the attempt's error (none without an attempt).
+    pub fn new(
+        lease: Lease,
+        attempt: Option<NewAttempt>,
+        counters: JobCounters,
+        transition: Transition,
+        now: Timestamp,
+    ) -> Self {
+        let error = attempt.as_ref().and_then(|a| a.error.clone());
+        Self {
+            lease,
+            attempt,
+            counters,
+            transition,
+            error,
+            now,
+        }
+    }
+
+    /// The job succeeded with `result` after `attempt`.
+    pub fn succeeded(
+        lease: Lease,
+        attempt: NewAttempt,
+        counters: JobCounters,
+        result: serde_json::Value,
+        now: Timestamp,
+    ) -> Self {
+        Self::new(
+            lease,
+            Some(attempt),
+            counters,
+            Transition::Succeeded { result },
+            now,
+        )
+    }
+
+    /// `attempt` failed and the worker keeps the lease, sleeps `delay` and calls again.
+    pub fn retry(
+        lease: Lease,
+        attempt: NewAttempt,
+        counters: JobCounters,
+        delay: Duration,
+        now: Timestamp,
+    ) -> Self {
+        Self::new(
+            lease,
+            Some(attempt),
+            counters,
+            Transition::RetryInProcess { delay },
+            now,
+        )
+    }
+
+    /// The job goes back to the queue until `until` (after `attempt`, or without one when
+    /// its dependency is blocked); `delay` is recorded on the attempt.
+    pub fn deferred(
+        lease: Lease,
+        attempt: Option<NewAttempt>,
+        counters: JobCounters,
+        until: Timestamp,
+        reason: DeferReason,
+        delay: Duration,
+        now: Timestamp,
+    ) -> Self {
+        Self::new(
+            lease,
+            attempt,
+            counters,
+            Transition::Deferred {
+                until,
+                reason,
+                delay,
+            },
+            now,
+        )
+    }
+
+    /// The job goes to the dead-letter table for `reason` (after `attempt`, if one was made).
+    pub fn dead(
+        lease: Lease,
+        attempt: Option<NewAttempt>,
+        counters: JobCounters,
+        reason: DeadReason,
+        now: Timestamp,
+    ) -> Self {
+        Self::new(lease, attempt, counters, Transition::Dead { reason }, now)
+    }
+
+    /// The job goes back to the queue at once without an attempt (graceful shutdown or a
+    /// lost probe permit); `counters` are kept as they are.
+    pub fn released(lease: Lease, counters: JobCounters, now: Timestamp) -> Self {
+        Self::new(lease, None, counters, Transition::Released, now)
+    }
+}
+
 impl Transition {
     pub(crate) fn state(&self) -> JobState {
         match self {
