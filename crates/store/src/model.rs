@@ -433,9 +433,9 @@ pub struct Job {
     /// When the lease ends.
     pub lease_expires_at: Option<Timestamp>,
     /// Why it is deferred.
-    pub defer_reason: Option<String>,
+    pub defer_reason: Option<DeferReason>,
     /// Why it died.
-    pub dead_reason: Option<String>,
+    pub dead_reason: Option<DeadReason>,
     /// The last error.
     pub last_error: Option<String>,
     /// The result stored on success.
@@ -507,7 +507,7 @@ pub struct Attempt {
     /// How long the call took, milliseconds.
     pub duration_ms: u64,
     /// Failure class (`success`, `permanent`, …).
-    pub class: String,
+    pub class: FailureClass,
     /// HTTP status, if any.
     pub http_status: Option<u16>,
     /// Error text (secrets redacted by the caller).
@@ -515,7 +515,7 @@ pub struct Attempt {
     /// Delay chosen after it, milliseconds.
     pub delay_ms: Option<u64>,
     /// Whether the delay was slept in process (`retry`) or deferred (`defer`).
-    pub mode: Option<String>,
+    pub mode: Option<RetryMode>,
     /// Whether it counted against `max_attempts`.
     pub counted: bool,
 }

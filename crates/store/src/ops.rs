@@ -549,7 +549,7 @@ macro_rules! shared_ops {
                         .bind(i64::from(limit.clamp(1, 10_000)))
                         .fetch_all(&self.read)
                         .await?;
-                Ok(rows.into_iter().map(|r| r.into_event()).collect())
+                rows.into_iter().map(|r| r.into_event()).collect()
             }
 
             pub(crate) async fn pause_impl(
