@@ -1,23 +1,16 @@
-//! The SQL, written once with markers that each backend fills in:
-//! `JSON_TEXTS_n` / `JSON_IDS_n` (parameter `$n`, a JSON array, as a set), `j.kind IN KINDS_n`
-//! (the job's kind is in the JSON array `$n`) and `GREATEST(`.
+//! The statement builder before the per-dialect modules (text substitution of markers),
+//! kept only to show that the new builder sends the very same text.
 
 use std::sync::Arc;
 
+use super::Dialect;
 use crate::model::JobState;
 use crate::rows::{ATTEMPT_COLS, DEP_COLS, JOB_COLS};
 
-/// Which SQL dialect.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(not(all(feature = "sqlite", feature = "postgres")), allow(dead_code))]
-pub(crate) enum Dialect {
-    Sqlite,
-    Postgres,
-}
-
 /// Every statement, prepared as text for one dialect.
 #[derive(Debug, Clone)]
-pub(crate) struct Sql {
+#[allow(dead_code)]
+struct Sql {
     pub(crate) find_by_key: Arc<str>,
     pub(crate) get_job: Arc<str>,
     pub(crate) attempts_of: Arc<str>,
@@ -323,7 +316,122 @@ const NEXT_DUE: &str = "SELECT MIN(CASE WHEN d.name IS NULL THEN j.run_at ELSE G
     AND NOT EXISTS (SELECT 1 FROM redrive_paused_queues pq WHERE pq.queue = j.queue) \
     AND (d.mode IS NULL OR d.mode <> 'forced_open')";
 
-pub(crate) const REPLAY_SET: &str = "state = 'available', run_at = $1, attempts = 0, exceptions = 0, defers = 0, \
+const REPLAY_SET: &str = "state = 'available', run_at = $1, attempts = 0, exceptions = 0, defers = 0, \
     consecutive_auth = 0, prev_delay_ms = NULL, first_attempt_at = NULL, \
     deadline = CASE WHEN ttl_ms IS NULL THEN NULL ELSE $1 + ttl_ms END, dead_reason = NULL, \
     defer_reason = NULL, replays = replays + 1, finished_at = NULL, updated_at = $1";
+
+/// Every statement of the old builder, named as `super::tests::all` names the new ones.
+pub(super) fn all(d: Dialect) -> Vec<(String, Arc<str>)> {
+    let s = Sql::new(d);
+    let mut out: Vec<(String, Arc<str>)> = vec![
+        ("find_by_key".into(), s.find_by_key.clone()),
+        ("get_job".into(), s.get_job.clone()),
+        ("attempts_of".into(), s.attempts_of.clone()),
+        ("claim_one".into(), s.claim_one.clone()),
+        ("claim_one_kinds".into(), s.claim_one_kinds.clone()),
+        ("heartbeat".into(), s.heartbeat.clone()),
+        ("cancel".into(), s.cancel.clone()),
+        ("replay_ids".into(), s.replay_ids.clone()),
+        ("replay_all".into(), s.replay_all.clone()),
+        ("purge_ids".into(), s.purge_ids.clone()),
+        ("purge_all".into(), s.purge_all.clone()),
+        ("rescue".into(), s.rescue.clone()),
+        ("rescue_attempt".into(), s.rescue_attempt.clone()),
+        ("list".into(), s.list.clone()),
+        ("counts".into(), s.counts.clone()),
+        ("next_due".into(), s.next_due.clone()),
+        ("next_due_kinds".into(), s.next_due_kinds.clone()),
+        ("list_key".into(), s.list_key.clone()),
+        ("get_dep".into(), s.get_dep.clone()),
+        ("list_deps".into(), s.list_deps.clone()),
+        ("upsert_breaker".into(), s.upsert_breaker.clone()),
+        ("insert_event".into(), s.insert_event.clone()),
+        ("events".into(), s.events.clone()),
+        ("insert_dep".into(), s.insert_dep.clone()),
+        ("update_dep".into(), s.update_dep.clone()),
+        ("pause".into(), s.pause.clone()),
+        ("unpause".into(), s.unpause.clone()),
+    ];
+    for (i, st) in s.list_state.iter().enumerate() {
+        out.push((format!("list_state[{i}]"), st.clone()));
+    }
+    for queues in 1..=4 {
+        for kinds in [false, true] {
+            out.push((
+                format!("claim_many({queues}, {kinds})"),
+                s.claim_many(queues, kinds),
+            ));
+        }
+    }
+    out
+}
+
+/// The operator's bulk statements as its old builder made them: `(select, apply)`, one of
+/// each per [`crate::BulkAction::ALL`].
+pub(crate) fn op_bulk(dialect: Dialect) -> (Vec<Arc<str>>, Vec<Arc<str>>) {
+    use crate::BulkAction;
+    fn op_fill(dialect: Dialect, s: &str) -> Arc<str> {
+        let mut s = s.to_owned();
+        for n in ["1", "2", "5"] {
+            let ids = match dialect {
+                Dialect::Sqlite => format!("(SELECT value FROM json_each(${n}))"),
+                Dialect::Postgres => {
+                    format!(
+                        "(SELECT CAST(jsonb_array_elements_text(CAST(${n} AS JSONB)) AS BIGINT))"
+                    )
+                }
+            };
+            s = s.replace(&format!("JSON_IDS_{n}"), &ids);
+        }
+        Arc::from(s)
+    }
+    fn in_states(states: &[JobState]) -> String {
+        let list: Vec<String> = states.iter().map(|s| format!("'{}'", s.as_str())).collect();
+        format!("state IN ({})", list.join(", "))
+    }
+    let select = BulkAction::ALL
+        .iter()
+        .map(|a| {
+            op_fill(
+                dialect,
+                &format!(
+                    "SELECT id, last_error FROM redrive_jobs WHERE {} \
+                     AND ($1 IS NULL OR queue = $1) AND ($2 IS NULL OR kind = $2) \
+                     AND ($3 IS NULL OR dependency = $3) AND ($4 IS NULL OR dead_reason = $4) \
+                     AND ($5 IS NULL OR id IN JSON_IDS_5) AND ($6 IS NULL OR run_at > $6) \
+                     ORDER BY id",
+                    in_states(a.states())
+                ),
+            )
+        })
+        .collect();
+    let apply = BulkAction::ALL
+        .iter()
+        .map(|a| {
+            let states = in_states(a.states());
+            let sql = match a {
+                BulkAction::Replay => format!(
+                    "UPDATE redrive_jobs SET {REPLAY_SET} WHERE {states} AND id IN JSON_IDS_2 \
+                     RETURNING id"
+                ),
+                BulkAction::Purge => format!(
+                    "DELETE FROM redrive_jobs WHERE {states} AND id IN JSON_IDS_2 \
+                     AND $1 IS NOT NULL RETURNING id"
+                ),
+                BulkAction::Cancel => format!(
+                    "UPDATE redrive_jobs SET state = 'cancelled', \
+                     lease_token = CASE WHEN state = 'running' THEN lease_token + 1 ELSE lease_token END, \
+                     lease_owner = NULL, lease_expires_at = NULL, finished_at = $1, updated_at = $1 \
+                     WHERE {states} AND id IN JSON_IDS_2 RETURNING id"
+                ),
+                BulkAction::RunNow => format!(
+                    "UPDATE redrive_jobs SET run_at = $1, updated_at = $1 \
+                     WHERE {states} AND run_at > $1 AND id IN JSON_IDS_2 RETURNING id"
+                ),
+            };
+            op_fill(dialect, &sql)
+        })
+        .collect();
+    (select, apply)
+}
