@@ -744,18 +744,3 @@ impl HasDb for crate::PgStore {
 }
 
 pub(crate) use operator_ops;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bulk_statements_are_the_text_the_substituting_builder_made() {
-        for dialect in [Dialect::Sqlite, Dialect::Postgres] {
-            let new = OpSql::new(dialect);
-            let (select, apply) = crate::sql::legacy::op_bulk(dialect);
-            assert_eq!(new.select, select, "{dialect:?}");
-            assert_eq!(new.apply, apply, "{dialect:?}");
-        }
-    }
-}
