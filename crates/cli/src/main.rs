@@ -76,6 +76,10 @@ fn main() -> ExitCode {
 }
 
 /// The error and its causes on one line, each cause printed once, secrets redacted.
+///
+/// The workspace's own errors state each cause once, but `sqlx`'s messages embed their
+/// source's text and also return it as the source (e.g. `error returned from database: {0}`
+/// over the server's error), so a cause already in the line is skipped.
 fn one_line(err: &anyhow::Error) -> String {
     let mut out = err.to_string();
     for cause in err.chain().skip(1) {

@@ -140,7 +140,11 @@ async fn run(jobs: u64, cards: u64, http: HttpJob, seed: u64) -> Outcome {
             .unwrap();
         for j in &page.jobs {
             *dead_reasons
-                .entry(j.dead_reason.clone().unwrap_or_default())
+                .entry(
+                    j.dead_reason
+                        .map(|r| r.as_str().to_owned())
+                        .unwrap_or_default(),
+                )
                 .or_insert(0) += 1;
         }
         match page.next {

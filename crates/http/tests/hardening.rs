@@ -180,7 +180,7 @@ async fn a_2xx_whose_body_stalls_is_an_ambiguous_timeout_not_a_success() {
     assert_ne!(job.state, JobState::Succeeded);
     assert!(!attempts.is_empty());
     assert!(
-        attempts.iter().all(|a| a.class == "timeout"),
+        attempts.iter().all(|a| a.class.as_str() == "timeout"),
         "{attempts:?}"
     );
     assert_eq!(attempts[0].http_status, Some(201));
@@ -224,7 +224,7 @@ async fn redirects_are_not_followed_and_secret_headers_never_reach_another_origi
     run(&s, HttpJob::default()).await;
     let (job, attempts) = finished(&s, id).await;
     assert_eq!(
-        (job.state, job.dead_reason.as_deref()),
+        (job.state, job.dead_reason.map(|r| r.as_str())),
         (JobState::Dead, Some("permanent"))
     );
     assert_eq!(attempts[0].http_status, Some(307));
@@ -317,7 +317,7 @@ async fn a_name_resolving_to_a_denied_address_is_refused_before_any_byte_is_sent
     for id in [by_name, by_addr] {
         let (job, attempts) = finished(&s, id).await;
         assert_eq!(
-            (job.state, job.dead_reason.as_deref()),
+            (job.state, job.dead_reason.map(|r| r.as_str())),
             (JobState::Dead, Some("permanent")),
             "{attempts:?}"
         );
@@ -367,11 +367,15 @@ async fn a_stored_header_with_crlf_is_permanent_at_once_and_never_feeds_the_brea
     run(&s, HttpJob::default()).await;
     let (job, attempts) = finished(&s, id).await;
     assert_eq!(
-        (job.state, job.dead_reason.as_deref(), attempts.len()),
+        (
+            job.state,
+            job.dead_reason.map(|r| r.as_str()),
+            attempts.len()
+        ),
         (JobState::Dead, Some("permanent"), 1),
         "{attempts:?}"
     );
-    assert_eq!(attempts[0].class, "permanent");
+    assert_eq!(attempts[0].class.as_str(), "permanent");
     assert!(
         attempts[0]
             .error

@@ -120,7 +120,7 @@ async fn charges_survive_5xx_and_timeouts_after_commit_with_one_effect_each() {
     let mut classes = std::collections::BTreeSet::new();
     for j in &page.jobs {
         for a in s.attempts(j.id).await.unwrap() {
-            classes.insert(a.class);
+            classes.insert(a.class.as_str().to_owned());
             assert!(
                 !a.error.unwrap_or_default().contains("sk_live"),
                 "no secret in attempts"
@@ -193,13 +193,16 @@ async fn a_decline_is_dead_at_once_and_a_refused_connection_is_infrastructure() 
         .unwrap();
     let j = s.get(bad).await.unwrap().unwrap();
     assert_eq!(
-        (j.state, j.dead_reason.as_deref(), j.attempts),
+        (j.state, j.dead_reason.map(|r| r.as_str()), j.attempts),
         (JobState::Dead, Some("permanent"), 1)
     );
     assert_eq!(s.attempts(bad).await.unwrap()[0].http_status, Some(422));
     let a = s.attempts(down).await.unwrap();
     assert!(!a.is_empty(), "the refused connection was attempted");
-    assert!(a.iter().all(|a| a.class == "infrastructure"), "{a:?}");
+    assert!(
+        a.iter().all(|a| a.class.as_str() == "infrastructure"),
+        "{a:?}"
+    );
     let j = s.get(junk).await.unwrap().unwrap();
     assert_eq!(j.state, JobState::Dead);
     assert!(j.last_error.unwrap().contains("payload.url"));

@@ -57,8 +57,8 @@ impl LastDecline {
 pub(crate) fn may_follow_decline(job: &Job) -> bool {
     (job.quota_key.is_some() && (job.attempts > 0 || job.replays > 0))
         || matches!(
-            job.defer_reason.as_deref(),
-            Some("decline_advice" | "reattempt_quota")
+            job.defer_reason,
+            Some(DeferReason::DeclineAdvice | DeferReason::ReattemptQuota)
         )
 }
 

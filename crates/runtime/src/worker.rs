@@ -1168,22 +1168,22 @@ impl Run {
                 class = class.as_str(), duration_ms = took.as_millis() as u64,
                 http_status = attempted.http_status, decision, why = %why,
                 error = attempted.error.as_deref().unwrap_or(""), "attempt");
-            let c = Completion {
-                lease,
-                attempt: Some(NewAttempt {
-                    worker: Some(b.name.clone()),
-                    started_at: started,
-                    duration: took,
-                    class,
-                    http_status: attempted.http_status,
-                    error: attempted.error.clone(),
-                    counted: verdict.counted,
-                }),
-                counters: verdict.counters,
-                transition: transition.clone(),
+            let attempt = NewAttempt {
+                worker: Some(b.name.clone()),
+                started_at: started,
+                duration: took,
+                class,
+                http_status: attempted.http_status,
                 error: attempted.error.clone(),
-                now,
+                counted: verdict.counted,
             };
+            let c = Completion::new(
+                lease,
+                Some(attempt),
+                verdict.counters,
+                transition.clone(),
+                now,
+            );
             // The attempt is recorded before any wait.
             match self.write(c, lost).await {
                 Err(e) if e.is_lease_lost() => {
@@ -1255,14 +1255,13 @@ impl Run {
         lost: &CancellationToken,
         mut s: Summary,
     ) -> Result<Summary, RuntimeError> {
-        let c = Completion {
-            lease: job.lease(),
-            attempt: None,
+        let c = Completion::new(
+            job.lease(),
+            None,
             counters,
-            transition: transition.clone(),
-            error: None,
-            now: self.w.b.clock.now(),
-        };
+            transition.clone(),
+            self.w.b.clock.now(),
+        );
         match self.write(c, lost).await {
             Err(e) if e.is_lease_lost() => lost_lease(&mut s),
             Err(e) => {

@@ -195,7 +195,7 @@ async fn permanent_is_dead_at_once() {
     assert_eq!((s.dead, s.attempts), (1, 1));
     let j = e.get(id).await;
     assert_eq!(
-        (j.state, j.dead_reason.as_deref()),
+        (j.state, j.dead_reason.map(|r| r.as_str())),
         (JobState::Dead, Some("permanent"))
     );
     let a = e.attempts(id).await;
@@ -240,7 +240,7 @@ async fn the_second_401_in_a_row_is_final() {
     assert_eq!((s.dead, s.attempts), (1, 2));
     assert_eq!(h.refreshes.load(Ordering::SeqCst), 1);
     let j = e.get(id).await;
-    assert_eq!(j.dead_reason.as_deref(), Some("auth"));
+    assert_eq!(j.dead_reason.map(|r| r.as_str()), Some("auth"));
 }
 
 /// 401 until the credentials were refreshed; each call takes 10 ms, so all jobs are in flight
@@ -312,14 +312,14 @@ async fn a_rate_limit_with_retry_after_45s_defers_instead_of_sleeping_and_pauses
     );
     let j = e.get(id).await;
     assert_eq!(
-        (j.state, j.defer_reason.as_deref()),
+        (j.state, j.defer_reason.map(|r| r.as_str())),
         (JobState::Deferred, Some("rate_limited"))
     );
     let ms = (j.run_at - t0).num_milliseconds();
     assert!((44_999..=45_050).contains(&ms), "{ms}");
     let a = e.attempts(id).await;
     assert_eq!(
-        (a[0].delay_ms, a[0].mode.as_deref()),
+        (a[0].delay_ms, a[0].mode.map(|m| m.as_str())),
         (Some(45_000), Some("defer"))
     );
     let dep = e.dependency("psp").await;
@@ -343,7 +343,7 @@ async fn a_retry_after_of_2s_retries_in_process_after_exactly_that() {
     assert_eq!((s.succeeded, s.attempts), (1, 2));
     let a = e.attempts(id).await;
     assert_eq!(
-        (a[0].delay_ms, a[0].mode.as_deref()),
+        (a[0].delay_ms, a[0].mode.map(|m| m.as_str())),
         (Some(2_000), Some("retry"))
     );
     let gap = a[1].started_at - a[0].started_at;
@@ -370,7 +370,10 @@ async fn infrastructure_failures_back_off_then_exhaust_the_attempts() {
         .unwrap();
     assert_eq!((s.dead, s.attempts), (1, 3));
     let j = e.get(id).await;
-    assert_eq!(j.dead_reason.as_deref(), Some("attempts_exhausted"));
+    assert_eq!(
+        j.dead_reason.map(|r| r.as_str()),
+        Some("attempts_exhausted")
+    );
     let delays: Vec<_> = e.attempts(id).await.iter().map(|a| a.delay_ms).collect();
     let base = redrive_policy::DEFAULT_BASE.as_millis() as u64;
     assert_eq!(
@@ -394,7 +397,10 @@ async fn an_ambiguous_timeout_with_a_key_is_repeated_with_the_same_key() {
         .await
         .unwrap();
     assert_eq!((s.succeeded, s.attempts), (1, 2));
-    assert_eq!(e.attempts(id).await[0].class, "timeout".to_string());
+    assert_eq!(
+        e.attempts(id).await[0].class.as_str(),
+        "timeout".to_string()
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -410,7 +416,7 @@ async fn an_ambiguous_timeout_without_a_key_or_hook_is_dead_ambiguous() {
         .unwrap();
     assert_eq!((s.dead, s.attempts), (1, 1));
     let j = e.get(id).await;
-    assert_eq!(j.dead_reason.as_deref(), Some("ambiguous"));
+    assert_eq!(j.dead_reason.map(|r| r.as_str()), Some("ambiguous"));
 }
 
 #[tokio::test(start_paused = true)]
@@ -457,7 +463,7 @@ async fn the_status_query_settles_an_ambiguous_timeout() {
         .unwrap();
     assert_eq!((s.dead, s.attempts), (1, 1));
     let j = e.get(c).await;
-    assert_eq!(j.dead_reason.as_deref(), Some("ambiguous"));
+    assert_eq!(j.dead_reason.map(|r| r.as_str()), Some("ambiguous"));
     assert!(j.last_error.unwrap().contains("psp 500"));
 }
 
@@ -480,11 +486,14 @@ async fn a_panic_counts_as_an_exception_and_max_exceptions_ends_the_job() {
         .unwrap();
     assert_eq!((s.dead, s.attempts), (1, 2));
     let j = e.get(id).await;
-    assert_eq!(j.dead_reason.as_deref(), Some("exceptions_exhausted"));
+    assert_eq!(
+        j.dead_reason.map(|r| r.as_str()),
+        Some("exceptions_exhausted")
+    );
     assert_eq!(j.exceptions, 2);
     let a = e.attempts(id).await;
     assert!(a[0].error.as_deref().unwrap().contains("handler bug"));
-    assert_eq!(a[0].class, "exception");
+    assert_eq!(a[0].class.as_str(), "exception");
 }
 
 fn breaker_policies(min_calls: u32) -> PolicySet {
@@ -532,7 +541,7 @@ async fn an_open_breaker_defers_without_an_attempt_and_its_jobs_are_not_claimed(
     let until = dep.flow.open_until.unwrap();
     let j = e.get(first).await;
     assert_eq!(
-        (j.state, j.defer_reason.as_deref(), j.attempts),
+        (j.state, j.defer_reason.map(|r| r.as_str()), j.attempts),
         (JobState::Deferred, Some("breaker_open"), 2)
     );
     assert!(j.run_at >= until, "deferred to the probe time");
@@ -633,10 +642,10 @@ async fn a_pause_seen_by_one_job_blocks_the_others_and_a_blocked_job_past_its_de
     );
     assert_eq!((s.attempts, s.deferred, s.dead), (2, 1, 1), "{s:?}");
     let ja = e.get(a).await;
-    assert_eq!(ja.defer_reason.as_deref(), Some("rate_limited"));
+    assert_eq!(ja.defer_reason.map(|r| r.as_str()), Some("rate_limited"));
     let jb = e.get(b).await;
     assert_eq!(
-        (jb.state, jb.dead_reason.as_deref(), jb.attempts),
+        (jb.state, jb.dead_reason.map(|r| r.as_str()), jb.attempts),
         (JobState::Dead, Some("deadline"), 1)
     );
     // While paused, nothing of that dependency is claimed.
@@ -831,7 +840,7 @@ async fn a_visa_category_1_decline_is_dead_after_one_attempt_never_a_second_call
     assert_eq!((s.dead, s.attempts), (1, 1));
     let j = e.get(id).await;
     assert_eq!(
-        (j.state, j.dead_reason.as_deref()),
+        (j.state, j.dead_reason.map(|r| r.as_str())),
         (JobState::Dead, Some("do_not_retry"))
     );
     // An operator's replay does not make the second call either: the rule is the card's.
@@ -851,7 +860,7 @@ async fn a_visa_category_1_decline_is_dead_after_one_attempt_never_a_second_call
         .unwrap();
     assert_eq!(h.calls.load(Ordering::SeqCst), 1, "never a second call");
     let j = e.get(id).await;
-    assert_eq!(j.dead_reason.as_deref(), Some("do_not_retry"));
+    assert_eq!(j.dead_reason.map(|r| r.as_str()), Some("do_not_retry"));
     let d = e
         .db(move |s| async move { s.declines(id).await.unwrap() })
         .await;
@@ -876,7 +885,7 @@ async fn a_mac_25_decline_defers_exactly_24h_then_one_attempt() {
     assert_eq!((s.deferred, s.attempts), (1, 1));
     let j = e.get(id).await;
     assert_eq!(
-        (j.state, j.defer_reason.as_deref()),
+        (j.state, j.defer_reason.map(|r| r.as_str())),
         (JobState::Deferred, Some("decline_advice"))
     );
     let a = e.attempts(id).await;
@@ -928,7 +937,7 @@ async fn a_mac_21_decline_is_dead_recurring_stopped() {
         .await
         .unwrap();
     let j = e.get(id).await;
-    assert_eq!(j.dead_reason.as_deref(), Some("recurring_stopped"));
+    assert_eq!(j.dead_reason.map(|r| r.as_str()), Some("recurring_stopped"));
     assert_eq!(h.calls.load(Ordering::SeqCst), 1);
 }
 
@@ -986,7 +995,7 @@ async fn an_exhausted_card_quota_defers_to_the_window_edge_without_a_call() {
     assert_eq!((s.attempts, s.deferred), (0, 1), "no call: {s:?}");
     let j = e.get(id).await;
     assert_eq!(
-        (j.state, j.defer_reason.as_deref()),
+        (j.state, j.defer_reason.map(|r| r.as_str())),
         (JobState::Deferred, Some("reattempt_quota"))
     );
     assert_eq!(
@@ -1021,7 +1030,7 @@ async fn an_exhausted_card_quota_past_the_deadline_is_dead_reattempt_quota() {
         .unwrap();
     let j = e.get(id).await;
     assert_eq!(
-        (j.state, j.dead_reason.as_deref()),
+        (j.state, j.dead_reason.map(|r| r.as_str())),
         (JobState::Dead, Some("reattempt_quota"))
     );
     assert_eq!(h.calls.load(Ordering::SeqCst), 3, "no call");

@@ -94,7 +94,7 @@ async fn transient_failures_are_retried_in_process_with_the_same_key() {
     let a = s.attempts(id).await.unwrap();
     let seen: Vec<_> = a
         .iter()
-        .map(|a| (a.class.as_str(), a.mode.as_deref(), a.http_status))
+        .map(|a| (a.class.as_str(), a.mode.map(|m| m.as_str()), a.http_status))
         .collect();
     assert_eq!(
         seen,
@@ -142,7 +142,7 @@ async fn permanent_goes_dead_at_once_and_an_unknown_kind_is_left_alone() {
     assert_eq!((sum.dead, sum.attempts), (1, 1));
     let j = s.get(a).await.unwrap().unwrap();
     assert_eq!(
-        (j.state, j.dead_reason.as_deref()),
+        (j.state, j.dead_reason.map(|r| r.as_str())),
         (JobState::Dead, Some("permanent"))
     );
     // A kind this worker has no handler for is not claimed: no lease, no attempt.
@@ -183,7 +183,7 @@ async fn a_panic_is_an_exception_and_the_worker_survives() {
     assert_eq!(sum.succeeded, 1);
     let j = s.get(id).await.unwrap().unwrap();
     let a = s.attempts(id).await.unwrap();
-    assert_eq!(a[0].class, "exception");
+    assert_eq!(a[0].class.as_str(), "exception");
     assert!(a[0].error.as_deref().unwrap().contains("boom"));
     assert!(j.exceptions >= 1);
     // classic: 1s first delay (> in-process max? no: retried in process) … ends dead or deferred, never lost.

@@ -403,7 +403,7 @@ async fn job_or_404(store: &Store, id: JobId) -> Result<redrive_store::Job, ApiE
     store
         .get(id)
         .await?
-        .ok_or_else(|| redrive_store::StoreError::NotFound(id).into())
+        .ok_or_else(|| redrive_store::StoreError::JobNotFound { id }.into())
 }
 
 /// One job with every attempt.

@@ -220,7 +220,7 @@ impl From<StoreError> for ApiError {
             StoreError::Invalid { field, value, .. } => {
                 ApiError::unprocessable(*field, value, e.to_string())
             }
-            StoreError::NotFound(id) => {
+            StoreError::JobNotFound { id } => {
                 let mut p = ApiError::not_found(e.to_string());
                 p.field = Some("id".into());
                 p.value = Some(id.to_string());

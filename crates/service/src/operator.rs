@@ -467,7 +467,7 @@ pub(crate) async fn run_now_one(
     let job = store
         .get(id)
         .await?
-        .ok_or(redrive_store::StoreError::NotFound(id))?;
+        .ok_or(redrive_store::StoreError::JobNotFound { id })?;
     if out.count == 0 {
         return Err(redrive_store::StoreError::WrongState {
             id,

@@ -136,8 +136,8 @@ impl From<Job> for JobView {
             lease_owner: j.lease_owner,
             lease_token: j.lease_token,
             lease_expires_at: j.lease_expires_at,
-            defer_reason: j.defer_reason,
-            dead_reason: j.dead_reason,
+            defer_reason: j.defer_reason.map(|r| r.as_str().to_owned()),
+            dead_reason: j.dead_reason.map(|r| r.as_str().to_owned()),
             last_error: j
                 .last_error
                 .as_deref()
@@ -196,11 +196,11 @@ impl From<Attempt> for AttemptView {
             worker: a.worker,
             started_at: a.started_at,
             duration_ms: a.duration_ms,
-            class: a.class,
+            class: a.class.as_str().to_owned(),
             http_status: a.http_status,
             error: a.error.as_deref().map(redrive_http::redact::redact_text),
             delay_ms: a.delay_ms,
-            mode: a.mode,
+            mode: a.mode.map(|m| m.as_str().to_owned()),
             counted: a.counted,
         }
     }

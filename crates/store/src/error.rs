@@ -3,7 +3,13 @@
 use crate::model::{JobId, JobState};
 
 /// What can go wrong in the store.
+///
+/// Each variant's message states its cause once: a report that walks
+/// [`source`](std::error::Error::source) prints every cause a single time. The driver's
+/// errors ([`StoreError::Database`], [`StoreError::Migrate`]) are shown in the message and are
+/// not returned again as a source, because `sqlx`'s own messages already embed their causes.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// The database URL is not one redrive understands.
     #[error("database URL {url:?} is not supported: {reason}")]
@@ -24,8 +30,11 @@ pub enum StoreError {
         reason: String,
     },
     /// The job does not exist.
-    #[error("job {0} not found")]
-    NotFound(JobId),
+    #[error("job {id} not found")]
+    JobNotFound {
+        /// The job asked for.
+        id: JobId,
+    },
     /// The job is not in a state that allows the operation.
     #[error("job {id} is {state}; cannot {operation}")]
     WrongState {
@@ -72,12 +81,24 @@ pub enum StoreError {
         /// What was contended (e.g. `dependency "psp"`).
         what: String,
     },
-    /// The database failed.
+    /// The database failed (the driver's error, with its own causes, is in the message).
     #[error("database: {0}")]
-    Database(#[from] sqlx::Error),
-    /// Migrations failed.
+    Database(sqlx::Error),
+    /// Migrations failed (the migrator's error, with its own causes, is in the message).
     #[error("migration: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
+    Migrate(sqlx::migrate::MigrateError),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        StoreError::Database(e)
+    }
+}
+
+impl From<sqlx::migrate::MigrateError> for StoreError {
+    fn from(e: sqlx::migrate::MigrateError) -> Self {
+        StoreError::Migrate(e)
+    }
 }
 
 impl StoreError {
@@ -89,3 +110,42 @@ impl StoreError {
 
 /// The store's result type.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    /// The text a report gets by walking the source chain (as `anyhow`'s `{:#}` does).
+    fn chain(e: &StoreError) -> Vec<String> {
+        let mut out = vec![e.to_string()];
+        let mut cur = e.source();
+        while let Some(c) = cur {
+            out.push(c.to_string());
+            cur = c.source();
+        }
+        out
+    }
+
+    #[test]
+    fn a_database_cause_is_printed_once() {
+        let io = std::io::Error::other("connection reset by peer");
+        let e = StoreError::from(sqlx::Error::Io(io));
+        let parts = chain(&e);
+        let text = parts.join(": ");
+        assert_eq!(
+            text.matches("connection reset by peer").count(),
+            1,
+            "{text}"
+        );
+        assert!(text.starts_with("database: "), "{text}");
+    }
+
+    #[test]
+    fn job_not_found_keeps_its_text() {
+        let e = StoreError::JobNotFound { id: 42 };
+        assert_eq!(e.to_string(), "job 42 not found");
+        assert_eq!(chain(&e).len(), 1);
+    }
+}

@@ -433,9 +433,9 @@ pub struct Job {
     /// When the lease ends.
     pub lease_expires_at: Option<Timestamp>,
     /// Why it is deferred.
-    pub defer_reason: Option<String>,
+    pub defer_reason: Option<DeferReason>,
     /// Why it died.
-    pub dead_reason: Option<String>,
+    pub dead_reason: Option<DeadReason>,
     /// The last error.
     pub last_error: Option<String>,
     /// The result stored on success.
@@ -507,7 +507,7 @@ pub struct Attempt {
     /// How long the call took, milliseconds.
     pub duration_ms: u64,
     /// Failure class (`success`, `permanent`, …).
-    pub class: String,
+    pub class: FailureClass,
     /// HTTP status, if any.
     pub http_status: Option<u16>,
     /// Error text (secrets redacted by the caller).
@@ -515,7 +515,7 @@ pub struct Attempt {
     /// Delay chosen after it, milliseconds.
     pub delay_ms: Option<u64>,
     /// Whether the delay was slept in process (`retry`) or deferred (`defer`).
-    pub mode: Option<String>,
+    pub mode: Option<RetryMode>,
     /// Whether it counted against `max_attempts`.
     pub counted: bool,
 }
@@ -644,6 +644,103 @@ pub struct Completion {
     pub error: Option<String>,
     /// Now.
     pub now: Timestamp,
+}
+
+impl Completion {
+    /// A completion of `transition`, after `attempt` if one was made. The job's last error is
+    /// the attempt's error (none without an attempt).
+    pub fn new(
+        lease: Lease,
+        attempt: Option<NewAttempt>,
+        counters: JobCounters,
+        transition: Transition,
+        now: Timestamp,
+    ) -> Self {
+        let error = attempt.as_ref().and_then(|a| a.error.clone());
+        Self {
+            lease,
+            attempt,
+            counters,
+            transition,
+            error,
+            now,
+        }
+    }
+
+    /// The job succeeded with `result` after `attempt`.
+    pub fn succeeded(
+        lease: Lease,
+        attempt: NewAttempt,
+        counters: JobCounters,
+        result: serde_json::Value,
+        now: Timestamp,
+    ) -> Self {
+        Self::new(
+            lease,
+            Some(attempt),
+            counters,
+            Transition::Succeeded { result },
+            now,
+        )
+    }
+
+    /// `attempt` failed and the worker keeps the lease, sleeps `delay` and calls again.
+    pub fn retry(
+        lease: Lease,
+        attempt: NewAttempt,
+        counters: JobCounters,
+        delay: Duration,
+        now: Timestamp,
+    ) -> Self {
+        Self::new(
+            lease,
+            Some(attempt),
+            counters,
+            Transition::RetryInProcess { delay },
+            now,
+        )
+    }
+
+    /// The job goes back to the queue until `until` (after `attempt`, or without one when
+    /// its dependency is blocked); `delay` is recorded on the attempt.
+    pub fn deferred(
+        lease: Lease,
+        attempt: Option<NewAttempt>,
+        counters: JobCounters,
+        until: Timestamp,
+        reason: DeferReason,
+        delay: Duration,
+        now: Timestamp,
+    ) -> Self {
+        Self::new(
+            lease,
+            attempt,
+            counters,
+            Transition::Deferred {
+                until,
+                reason,
+                delay,
+            },
+            now,
+        )
+    }
+
+    /// The job goes to the dead-letter table for `reason` (after `attempt`, if one was made).
+    pub fn dead(
+        lease: Lease,
+        attempt: Option<NewAttempt>,
+        counters: JobCounters,
+        reason: DeadReason,
+        now: Timestamp,
+    ) -> Self {
+        Self::new(lease, attempt, counters, Transition::Dead { reason }, now)
+    }
+
+    /// The job goes back to the queue at once without an attempt (graceful shutdown or a
+    /// lost probe permit); `counters` are kept as they are.
+    pub fn released(lease: Lease, counters: JobCounters, now: Timestamp) -> Self {
+        Self::new(lease, None, counters, Transition::Released, now)
+    }
 }
 
 impl Transition {

@@ -262,20 +262,6 @@ pub(crate) struct OpSql {
     pub(crate) oldest_due: Arc<str>,
 }
 
-fn fill(dialect: Dialect, s: &str) -> Arc<str> {
-    let mut s = s.to_owned();
-    for n in ["1", "2", "5"] {
-        let ids = match dialect {
-            Dialect::Sqlite => format!("(SELECT value FROM json_each(${n}))"),
-            Dialect::Postgres => {
-                format!("(SELECT CAST(jsonb_array_elements_text(CAST(${n} AS JSONB)) AS BIGINT))")
-            }
-        };
-        s = s.replace(&format!("JSON_IDS_{n}"), &ids);
-    }
-    Arc::from(s)
-}
-
 fn in_states(states: &[crate::JobState]) -> String {
     let list: Vec<String> = states.iter().map(|s| format!("'{}'", s.as_str())).collect();
     format!("state IN ({})", list.join(", "))
@@ -286,86 +272,73 @@ impl OpSql {
         let select = BulkAction::ALL
             .iter()
             .map(|a| {
-                fill(
-                    dialect,
-                    &format!(
-                        "SELECT id, last_error FROM redrive_jobs WHERE {} \
-                         AND ($1 IS NULL OR queue = $1) AND ($2 IS NULL OR kind = $2) \
-                         AND ($3 IS NULL OR dependency = $3) AND ($4 IS NULL OR dead_reason = $4) \
-                         AND ($5 IS NULL OR id IN JSON_IDS_5) AND ($6 IS NULL OR run_at > $6) \
-                         ORDER BY id",
-                        in_states(a.states())
-                    ),
-                )
+                Arc::from(format!(
+                    "SELECT id, last_error FROM redrive_jobs WHERE {} \
+                     AND ($1 IS NULL OR queue = $1) AND ($2 IS NULL OR kind = $2) \
+                     AND ($3 IS NULL OR dependency = $3) AND ($4 IS NULL OR dead_reason = $4) \
+                     AND ($5 IS NULL OR id IN {}) AND ($6 IS NULL OR run_at > $6) \
+                     ORDER BY id",
+                    in_states(a.states()),
+                    dialect.ids(5)
+                ))
             })
             .collect();
         let apply = BulkAction::ALL
             .iter()
             .map(|a| {
                 let states = in_states(a.states());
+                let ids = dialect.ids(2);
                 let sql = match a {
                     BulkAction::Replay => format!(
-                        "UPDATE redrive_jobs SET {REPLAY_SET} WHERE {states} AND id IN JSON_IDS_2 \
+                        "UPDATE redrive_jobs SET {REPLAY_SET} WHERE {states} AND id IN {ids} \
                          RETURNING id"
                     ),
                     BulkAction::Purge => format!(
-                        "DELETE FROM redrive_jobs WHERE {states} AND id IN JSON_IDS_2 \
+                        "DELETE FROM redrive_jobs WHERE {states} AND id IN {ids} \
                          AND $1 IS NOT NULL RETURNING id"
                     ),
                     BulkAction::Cancel => format!(
                         "UPDATE redrive_jobs SET state = 'cancelled', \
                          lease_token = CASE WHEN state = 'running' THEN lease_token + 1 ELSE lease_token END, \
                          lease_owner = NULL, lease_expires_at = NULL, finished_at = $1, updated_at = $1 \
-                         WHERE {states} AND id IN JSON_IDS_2 RETURNING id"
+                         WHERE {states} AND id IN {ids} RETURNING id"
                     ),
                     BulkAction::RunNow => format!(
                         "UPDATE redrive_jobs SET run_at = $1, updated_at = $1 \
-                         WHERE {states} AND run_at > $1 AND id IN JSON_IDS_2 RETURNING id"
+                         WHERE {states} AND run_at > $1 AND id IN {ids} RETURNING id"
                     ),
                 };
-                fill(dialect, &sql)
+                Arc::from(sql)
             })
             .collect();
         Self {
             select,
             apply,
-            get_dep: fill(
-                dialect,
-                &format!("SELECT {DEP_COLS} FROM redrive_dependencies WHERE name = $1"),
-            ),
-            pause_queue: fill(
-                dialect,
+            get_dep: Arc::<str>::from(format!(
+                "SELECT {DEP_COLS} FROM redrive_dependencies WHERE name = $1"
+            )),
+            pause_queue: Arc::<str>::from(
                 "INSERT INTO redrive_paused_queues (queue, paused_at, paused_by) VALUES ($1, $2, $3) \
                  ON CONFLICT (queue) DO NOTHING",
             ),
-            resume_queue: fill(
-                dialect,
-                "DELETE FROM redrive_paused_queues WHERE queue = $1",
-            ),
-            paused_queues: fill(
-                dialect,
+            resume_queue: Arc::<str>::from("DELETE FROM redrive_paused_queues WHERE queue = $1"),
+            paused_queues: Arc::<str>::from(
                 "SELECT queue, paused_at, paused_by FROM redrive_paused_queues ORDER BY queue",
             ),
-            insert_audit: fill(
-                dialect,
+            insert_audit: Arc::<str>::from(
                 "INSERT INTO redrive_audit (at, actor, via, action, target, row_count) \
                  VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
             ),
-            audit: fill(
-                dialect,
+            audit: Arc::<str>::from(
                 "SELECT id, at, actor, via, action, target, row_count FROM redrive_audit \
                  WHERE ($1 IS NULL OR id < $1) ORDER BY id DESC LIMIT $2",
             ),
-            dead_since: fill(
-                dialect,
-                &format!(
-                    "SELECT {} FROM redrive_jobs WHERE state = 'dead' AND finished_at >= $1 \
+            dead_since: Arc::<str>::from(format!(
+                "SELECT {} FROM redrive_jobs WHERE state = 'dead' AND finished_at >= $1 \
                      ORDER BY finished_at, id LIMIT $2",
-                    crate::rows::JOB_COLS
-                ),
-            ),
-            oldest_due: fill(
-                dialect,
+                crate::rows::JOB_COLS
+            )),
+            oldest_due: Arc::<str>::from(
                 "SELECT j.queue, MIN(j.run_at) FROM redrive_jobs j \
                  WHERE j.state IN ('scheduled', 'available', 'deferred') AND j.run_at <= $1 \
                  AND NOT EXISTS (SELECT 1 FROM redrive_paused_queues pq WHERE pq.queue = j.queue) \

@@ -241,7 +241,7 @@ macro_rules! shared_ops {
                 match row {
                     Some(r) => r.into_job(),
                     None => match self.get_impl(id).await? {
-                        None => Err(crate::StoreError::NotFound(id)),
+                        None => Err(crate::StoreError::JobNotFound { id }),
                         Some(j) => Err(crate::StoreError::WrongState {
                             id,
                             state: j.state,
@@ -549,7 +549,7 @@ macro_rules! shared_ops {
                         .bind(i64::from(limit.clamp(1, 10_000)))
                         .fetch_all(&self.read)
                         .await?;
-                Ok(rows.into_iter().map(|r| r.into_event()).collect())
+                rows.into_iter().map(|r| r.into_event()).collect()
             }
 
             pub(crate) async fn pause_impl(

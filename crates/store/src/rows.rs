@@ -1,6 +1,9 @@
 //! Rows as the database returns them, and their conversion to the public model.
 
-use redrive_policy::{BreakerMode, BreakerState, FlowRow, PauseReason};
+use redrive_policy::{
+    BreakerMode, BreakerState, DeadReason, DeferReason, FailureClass, FlowRow, PauseReason,
+    RetryMode,
+};
 
 use crate::model::{Attempt, Dependency, DependencyEvent, Job, JobState, from_millis};
 use crate::{Result, StoreError};
@@ -107,8 +110,16 @@ impl JobRow {
             lease_owner: self.lease_owner,
             lease_token: self.lease_token,
             lease_expires_at: self.lease_expires_at.map(from_millis),
-            defer_reason: self.defer_reason,
-            dead_reason: self.dead_reason,
+            defer_reason: self
+                .defer_reason
+                .map(|r| r.parse::<DeferReason>())
+                .transpose()
+                .map_err(|e| bad("defer_reason", e))?,
+            dead_reason: self
+                .dead_reason
+                .map(|r| r.parse::<DeadReason>())
+                .transpose()
+                .map_err(|e| bad("dead_reason", e))?,
             last_error: self.last_error,
             replays: u32_of("replays", self.replays)?,
             created_at: from_millis(self.created_at),
@@ -152,7 +163,10 @@ impl AttemptRow {
             worker: self.worker,
             started_at: from_millis(self.started_at),
             duration_ms: u64_of("duration_ms", self.duration_ms)?,
-            class: self.class,
+            class: self
+                .class
+                .parse::<FailureClass>()
+                .map_err(|e| bad("attempt class", e))?,
             http_status: self
                 .http_status
                 .map(|s| {
@@ -164,7 +178,11 @@ impl AttemptRow {
                 .transpose()?,
             error: self.error,
             delay_ms: self.delay_ms.map(|v| u64_of("delay_ms", v)).transpose()?,
-            mode: self.mode,
+            mode: self
+                .mode
+                .map(|m| m.parse::<RetryMode>())
+                .transpose()
+                .map_err(|e| bad("attempt mode", e))?,
             counted: self.counted,
         })
     }
@@ -248,15 +266,15 @@ pub(crate) struct EventRow {
 }
 
 impl EventRow {
-    pub(crate) fn into_event(self) -> DependencyEvent {
-        DependencyEvent {
+    pub(crate) fn into_event(self) -> Result<DependencyEvent> {
+        Ok(DependencyEvent {
             id: self.id,
             dependency: self.dependency,
             at: from_millis(self.at),
-            from: BreakerState::parse(&self.from_state).unwrap_or_default(),
-            to: BreakerState::parse(&self.to_state).unwrap_or_default(),
+            from: BreakerState::parse(&self.from_state).map_err(|e| bad("from_state", e))?,
+            to: BreakerState::parse(&self.to_state).map_err(|e| bad("to_state", e))?,
             reason: self.reason,
-        }
+        })
     }
 }
 
@@ -272,4 +290,88 @@ pub(crate) fn state_of(s: &str) -> Result<JobState> {
         what: "state",
         detail: s.to_owned(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attempt(class: &str, mode: Option<&str>) -> AttemptRow {
+        AttemptRow {
+            id: 1,
+            job_id: 2,
+            number: 1,
+            replay: 0,
+            lease_token: 1,
+            worker: None,
+            started_at: 0,
+            duration_ms: 5,
+            class: class.into(),
+            http_status: None,
+            error: None,
+            delay_ms: None,
+            mode: mode.map(Into::into),
+            counted: true,
+        }
+    }
+
+    #[test]
+    fn an_unknown_class_or_mode_is_a_corrupt_row_naming_column_and_value() {
+        let a = attempt("timeout", Some("defer")).into_attempt().unwrap();
+        assert_eq!(
+            (a.class, a.mode),
+            (FailureClass::Timeout, Some(RetryMode::Defer))
+        );
+        let e = attempt("flaky", None).into_attempt().unwrap_err();
+        assert!(
+            matches!(
+                e,
+                StoreError::Corrupt {
+                    what: "attempt class",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("\"flaky\""), "{e}");
+        let e = attempt("success", Some("later"))
+            .into_attempt()
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                StoreError::Corrupt {
+                    what: "attempt mode",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("\"later\""), "{e}");
+    }
+
+    #[test]
+    fn an_unknown_breaker_state_in_the_history_is_an_error_not_closed() {
+        let row = |from: &str| EventRow {
+            id: 1,
+            dependency: "psp".into(),
+            at: 0,
+            from_state: from.into(),
+            to_state: "open".into(),
+            reason: "failure rate 60% over 10 calls".into(),
+        };
+        assert_eq!(row("closed").into_event().unwrap().to, BreakerState::Open);
+        let e = row("ajar").into_event().unwrap_err();
+        assert!(
+            matches!(
+                e,
+                StoreError::Corrupt {
+                    what: "from_state",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("ajar"), "{e}");
+    }
 }

@@ -790,7 +790,7 @@ mod cases {
         assert_eq!(j.lease_owner, None);
         let a = s.attempts(j.id).await.unwrap();
         assert_eq!(a.len(), 1);
-        assert_eq!(a[0].class, "timeout");
+        assert_eq!(a[0].class.as_str(), "timeout");
         assert_eq!(a[0].lease_token, claimed[0].lease_token);
         assert!(a[0].error.as_deref().unwrap().contains("lease expired"));
     }
@@ -812,7 +812,7 @@ mod cases {
         }
         let j = s.get(id).await.unwrap().unwrap();
         assert_eq!(j.state, JobState::Dead);
-        assert_eq!(j.dead_reason.as_deref(), Some("lease_expired"));
+        assert_eq!(j.dead_reason.map(|r| r.as_str()), Some("lease_expired"));
         assert_eq!(j.attempts, 2);
         assert!(j.finished_at.is_some());
         let a = s.attempts(id).await.unwrap();
@@ -853,7 +853,7 @@ mod cases {
         .unwrap();
         let j3 = s.get(id).await.unwrap().unwrap();
         assert_eq!(j3.state, JobState::Deferred);
-        assert_eq!(j3.defer_reason.as_deref(), Some("rate_limited"));
+        assert_eq!(j3.defer_reason.map(|r| r.as_str()), Some("rate_limited"));
         assert_eq!(j3.run_at, until);
         assert_eq!(j3.attempts, 2);
         assert_eq!(j3.lease_owner, None);
@@ -862,17 +862,17 @@ mod cases {
         assert_eq!(
             (
                 a[0].number,
-                a[0].mode.as_deref(),
+                a[0].mode.map(|m| m.as_str()),
                 a[0].delay_ms,
                 a[0].http_status
             ),
             (1, Some("retry"), Some(150), Some(503))
         );
         assert_eq!(
-            (a[1].number, a[1].mode.as_deref(), a[1].delay_ms),
+            (a[1].number, a[1].mode.map(|m| m.as_str()), a[1].delay_ms),
             (2, Some("defer"), Some(120_000))
         );
-        assert_eq!(a[0].class, "infrastructure");
+        assert_eq!(a[0].class.as_str(), "infrastructure");
         // Not claimable before run_at; claimable after.
         assert!(
             s.claim(&claim_params("q", 1, ms(T0 + 119_999)))
@@ -937,7 +937,7 @@ mod cases {
             .unwrap();
         assert_eq!(dead.jobs.len(), 4);
         assert_eq!(
-            dead.jobs[0].dead_reason.as_deref(),
+            dead.jobs[0].dead_reason.map(|r| r.as_str()),
             Some("attempts_exhausted")
         );
         let by_reason = s
@@ -1346,7 +1346,7 @@ mod cases {
         );
         assert!(matches!(
             s.cancel(424_242, now).await.unwrap_err(),
-            StoreError::NotFound(424_242)
+            StoreError::JobNotFound { id: 424_242 }
         ));
     }
 
@@ -1482,12 +1482,12 @@ mod cases {
                     assert_eq!(got.state, JobState::Succeeded, "item {i}");
                     assert_eq!(got.result, Some(json!({"i": i})), "item {i}");
                     assert_eq!(attempts.len(), 1, "item {i}");
-                    assert_eq!(attempts[0].class, "success", "item {i}");
+                    assert_eq!(attempts[0].class.as_str(), "success", "item {i}");
                 }
                 1 => {
                     assert_eq!(got.state, JobState::Deferred, "item {i}");
                     assert_eq!(got.run_at, until, "item {i}");
-                    assert_eq!(got.defer_reason.as_deref(), Some("rate_limited"));
+                    assert_eq!(got.defer_reason.map(|r| r.as_str()), Some("rate_limited"));
                     let error = format!("429 number {i}");
                     assert_eq!(got.last_error.as_deref(), Some(error.as_str()));
                     assert_eq!(attempts.len(), 1, "item {i}");
@@ -1496,7 +1496,11 @@ mod cases {
                         (1, Some(429)),
                         "item {i}"
                     );
-                    assert_eq!(attempts[0].mode.as_deref(), Some("defer"), "item {i}");
+                    assert_eq!(
+                        attempts[0].mode.map(|m| m.as_str()),
+                        Some("defer"),
+                        "item {i}"
+                    );
                 }
                 2 => {
                     assert_eq!(got.state, JobState::Available, "item {i}");
@@ -1504,7 +1508,11 @@ mod cases {
                 }
                 _ => {
                     assert_eq!(got.state, JobState::Dead, "item {i}");
-                    assert_eq!(got.dead_reason.as_deref(), Some("permanent"), "item {i}");
+                    assert_eq!(
+                        got.dead_reason.map(|r| r.as_str()),
+                        Some("permanent"),
+                        "item {i}"
+                    );
                     assert_eq!(attempts.len(), 1, "item {i}");
                 }
             }

@@ -159,7 +159,7 @@ async fn crash_case(store: Store, url: String) {
         for j in &page.jobs {
             let a = store.attempts(j.id).await.unwrap();
             assert_eq!(
-                a.iter().filter(|a| a.class == "success").count(),
+                a.iter().filter(|a| a.class.as_str() == "success").count(),
                 1,
                 "job {}: {a:?}",
                 j.id

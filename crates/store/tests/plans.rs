@@ -178,7 +178,7 @@ async fn claim_uses_the_index_at_depth(h: Harness) {
         .unwrap();
     let a = s.attempts(first.jobs[0].id).await.unwrap();
     assert_eq!(a.len(), 1);
-    assert_eq!(a[0].class, "success");
+    assert_eq!(a[0].class.as_str(), "success");
     h.cleanup().await;
 }
 

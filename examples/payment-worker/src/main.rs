@@ -250,7 +250,7 @@ async fn run(n: u64, scene: Scene) -> anyhow::Result<Seen> {
         eprintln!(
             "dead: job {} ({}): {}",
             j.id,
-            j.dead_reason.unwrap_or_default(),
+            j.dead_reason.map_or("", |r| r.as_str()),
             j.last_error.unwrap_or_default()
         );
     }

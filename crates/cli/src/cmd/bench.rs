@@ -12,9 +12,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use redrive_policy::{FailureClass, JobCounters};
-use redrive_store::{
-    ClaimParams, Completion, NewAttempt, NewJob, PgStore, SeedRows, Store, Transition,
-};
+use redrive_store::{ClaimParams, Completion, NewAttempt, NewJob, PgStore, SeedRows, Store};
 use serde::Serialize;
 use serde_json::json;
 
@@ -520,28 +518,21 @@ async fn drain(store: Store, w: u32, left: Arc<AtomicU64>, pb: ProgressBar) -> a
 }
 
 fn succeed(j: &redrive_store::Job, now: chrono::DateTime<chrono::Utc>) -> Completion {
-    Completion {
-        lease: j.lease(),
-        attempt: Some(NewAttempt {
-            worker: None,
-            started_at: now,
-            duration: Duration::ZERO,
-            class: FailureClass::Success,
-            http_status: None,
-            error: None,
-            counted: true,
-        }),
-        counters: JobCounters {
-            attempts: j.attempts + 1,
-            first_attempt_at: Some(now),
-            ..j.counters()
-        },
-        transition: Transition::Succeeded {
-            result: json!(null),
-        },
+    let attempt = NewAttempt {
+        worker: None,
+        started_at: now,
+        duration: Duration::ZERO,
+        class: FailureClass::Success,
+        http_status: None,
         error: None,
-        now,
-    }
+        counted: true,
+    };
+    let counters = JobCounters {
+        attempts: j.attempts + 1,
+        first_attempt_at: Some(now),
+        ..j.counters()
+    };
+    Completion::succeeded(j.lease(), attempt, counters, json!(null), now)
 }
 
 /// An idle worker (waiting on the store's wake-up signal, polling every second as the

@@ -25,7 +25,7 @@ use anyhow::Context;
 use chrono::Utc;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use redrive_http::HttpJob;
-use redrive_policy::BreakerState;
+use redrive_policy::{BreakerState, RetryMode};
 use redrive_psp_sim::{Faults, PspSim};
 use redrive_runtime::Worker;
 use redrive_sim::LoadChart;
@@ -432,7 +432,11 @@ async fn report(
                 JobState::Succeeded => succeeded += 1,
                 JobState::Dead => {
                     *dead_by_reason
-                        .entry(j.dead_reason.clone().unwrap_or_default())
+                        .entry(
+                            j.dead_reason
+                                .map(|r| r.as_str().to_owned())
+                                .unwrap_or_default(),
+                        )
                         .or_insert(0) += 1;
                 }
                 _ => {}
@@ -445,11 +449,13 @@ async fn report(
                     .extend(atts.iter().map(|at| at.started_at));
             }
             for (i, at) in atts.iter().enumerate() {
-                *attempts_by_class.entry(at.class.clone()).or_insert(0) += 1;
-                match at.mode.as_deref() {
-                    Some("retry") => retries += 1,
-                    Some("defer") => defers += 1,
-                    _ => {}
+                *attempts_by_class
+                    .entry(at.class.as_str().to_owned())
+                    .or_insert(0) += 1;
+                match at.mode {
+                    Some(RetryMode::Retry) => retries += 1,
+                    Some(RetryMode::Defer) => defers += 1,
+                    None => {}
                 }
                 // A 429's answer came at started + duration; the next call of this job must not
                 // start before that plus the Retry-After.

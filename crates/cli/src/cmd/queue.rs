@@ -279,8 +279,8 @@ fn print_jobs(jobs: &[Job]) -> anyhow::Result<()> {
     for j in jobs {
         let why = j
             .dead_reason
-            .as_deref()
-            .or(j.defer_reason.as_deref())
+            .map(|r| r.as_str())
+            .or(j.defer_reason.map(|r| r.as_str()))
             .unwrap_or("");
         let err = j
             .last_error
@@ -321,7 +321,7 @@ async fn find_job(store: &Store, a: &ShowArgs) -> anyhow::Result<Job> {
             ));
         }
         let id = a.id.ok_or_else(|| usage("give a job id or --key"))?;
-        return Ok(store.get(id).await?.ok_or(StoreError::NotFound(id))?);
+        return Ok(store.get(id).await?.ok_or(StoreError::JobNotFound { id })?);
     };
     // A key is unique per queue: at most one job per queue holds it.
     let page = store
@@ -399,8 +399,8 @@ pub(crate) fn show(global: &Global, a: ShowArgs) -> anyhow::Result<ExitCode> {
             "  state      {}{}",
             job.state,
             job.dead_reason
-                .as_deref()
-                .or(job.defer_reason.as_deref())
+                .map(|r| r.as_str())
+                .or(job.defer_reason.map(|r| r.as_str()))
                 .map(|r| format!(" ({r})"))
                 .unwrap_or_default()
         );
@@ -445,7 +445,7 @@ fn print_attempts(attempts: &[Attempt]) -> anyhow::Result<()> {
             .map(|d| {
                 format!(
                     "{} {}",
-                    a.mode.as_deref().unwrap_or(""),
+                    a.mode.map(|m| m.as_str()).unwrap_or(""),
                     redrive_policy::format_duration(std::time::Duration::from_millis(d))
                 )
             })
@@ -459,7 +459,7 @@ fn print_attempts(attempts: &[Attempt]) -> anyhow::Result<()> {
                 String::new()
             },
             a.started_at.format("%H:%M:%S%.3f"),
-            a.class,
+            a.class.as_str(),
             a.http_status
                 .map(|s| s.to_string())
                 .unwrap_or_else(|| "-".into()),

@@ -16,8 +16,8 @@ use crate::state::AppState;
 pub(super) fn job_row(j: &Job, now: Timestamp) -> Markup {
     let why = j
         .dead_reason
-        .as_deref()
-        .or(j.defer_reason.as_deref())
+        .map(|r| r.as_str())
+        .or(j.defer_reason.map(|r| r.as_str()))
         .unwrap_or("");
     html! {
         tr data-id=(j.id) {
@@ -120,7 +120,7 @@ pub(super) async fn job(
     let j = store
         .get(id)
         .await?
-        .ok_or(redrive_store::StoreError::NotFound(id))?;
+        .ok_or(redrive_store::StoreError::JobNotFound { id })?;
     let attempts = store.attempts(id).await?;
     let now = Utc::now();
     let declines = store.declines(id).await?;
@@ -204,12 +204,12 @@ pub(super) async fn job(
         @else {
             ol.timeline #attempts {
                 @for a in &attempts {
-                    li style=(format!("--c:{}", class_colour(&a.class))) data-class=(a.class) {
+                    li style=(format!("--c:{}", class_colour(a.class.as_str()))) data-class=(a.class.as_str()) {
                         strong { "#" (a.number) } @if a.replay > 0 { span.muted { " (replay " (a.replay) ")" } }
                         " · " (fmt_time(a.started_at)) " · took " (ms(Some(a.duration_ms)))
-                        " · " span style=(format!("color:{}", class_colour(&a.class))) { (a.class) }
+                        " · " span style=(format!("color:{}", class_colour(a.class.as_str()))) { (a.class.as_str()) }
                         @if let Some(s) = a.http_status { " · HTTP " (s) }
-                        @if let Some(m) = &a.mode { " · then " strong { (m) } " after " (ms(a.delay_ms)) }
+                        @if let Some(m) = a.mode { " · then " strong { (m.as_str()) } " after " (ms(a.delay_ms)) }
                         @else if let Some(d) = a.delay_ms { " · delay " (ms(Some(d))) }
                         " · fencing token " (a.lease_token)
                         @if !a.counted { span.muted { " · not counted" } }
