@@ -26,7 +26,7 @@ mod health;
 mod heartbeat;
 mod run_loop;
 
-pub use config::{REGISTRY_HEARTBEAT, WorkerBuilder};
+pub use config::*;
 pub use health::PoolHealth;
 use run_loop::TaskEnd;
 

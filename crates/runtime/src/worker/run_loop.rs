@@ -117,7 +117,7 @@ impl Pool {
             kinds: worker.kinds(),
             slots: Arc::new(Semaphore::new(config.concurrency)),
             wake: config.store.subscribe(),
-            batch: config.claim_batch.unwrap_or(200),
+            batch: config.claim_batch.unwrap_or(super::DEFAULT_CLAIM_BATCH),
             all_queues: config.queues.is_empty(),
             queues,
             run,
@@ -181,7 +181,7 @@ impl Pool {
             tracing::warn!("dependency housekeeping failed: {e}");
         }
         // The gauges, and in all-queues mode the list of queues, from the store's counts.
-        let every = config.gauges_every.unwrap_or(Duration::from_secs(5));
+        let every = config.gauges_every.unwrap_or(super::DEFAULT_GAUGE_INTERVAL);
         if (config.gauges_every.is_some() || self.all_queues) && due(&mut self.last_gauges, every) {
             let publish = config.gauges_every.is_some();
             let counts = (shared.db)
