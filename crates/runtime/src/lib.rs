@@ -52,4 +52,10 @@ mod worker;
 pub use clock::TokioClock;
 pub use handler::{Attempted, Handler, JobContext, Noop, StatusAnswer, typed};
 pub use maintenance::{Retention, SCHEDULER_CHECK, prune};
-pub use worker::{PoolHealth, REGISTRY_HEARTBEAT, RuntimeError, Summary, Worker, WorkerBuilder};
+pub use worker::{
+    ConfigError, DEFAULT_CLAIM_BATCH, DEFAULT_CLAIM_LINGER, DEFAULT_CONCURRENCY,
+    DEFAULT_DEPENDENCY_REFRESH, DEFAULT_GAUGE_INTERVAL, DEFAULT_LEASE, DEFAULT_POLL_INTERVAL,
+    DEFAULT_RESCUE_INTERVAL, DEFAULT_SEED, DEFAULT_SHUTDOWN_GRACE, MAX_CONCURRENCY, MIN_HEARTBEAT,
+    MIN_LEASE, MIN_POLL_INTERVAL, MIN_REGISTRY_HEARTBEAT, MIN_RESCUE_INTERVAL, PoolHealth,
+    REGISTRY_HEARTBEAT, RuntimeError, Summary, Worker, WorkerBuilder,
+};

@@ -1,0 +1,113 @@
+//! The two background loops of a worker: the lease heartbeat of each claim and the worker's
+//! row in the registry of live workers.
+
+use redrive_store::{Job, Timestamp};
+use tokio_util::sync::CancellationToken;
+
+use super::{Run, Worker};
+
+impl Worker {
+    /// Registers the worker and keeps its row fresh until `stop` (registering again if the
+    /// row was deleted meanwhile, e.g. after the store was unreachable for long). Failures are
+    /// logged: the registry is for operators, the jobs do not depend on it.
+    pub(super) fn spawn_registry(&self, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
+        let worker = self.clone();
+        tokio::spawn(async move {
+            let config = &worker.shared.config;
+            let info = worker.info(config.clock.now());
+            let mut registered = false;
+            loop {
+                let now = config.clock.now();
+                let r = if registered {
+                    let name = info.name.clone();
+                    worker
+                        .shared
+                        .db
+                        .run(move |s| async move { s.worker_heartbeat(&name, now).await })
+                        .await
+                } else {
+                    let info = info.clone();
+                    worker
+                        .shared
+                        .db
+                        .run(move |s| async move { s.register_worker(&info, now).await })
+                        .await
+                        .map(|()| true)
+                };
+                match r {
+                    Ok(alive) => registered = alive,
+                    Err(e) => tracing::warn!("refreshing the worker's registry row failed: {e}"),
+                }
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tokio::time::sleep(config.registry_heartbeat) => {}
+                }
+            }
+            let name = info.name.clone();
+            if let Err(e) = worker
+                .shared
+                .db
+                .run(move |s| async move { s.unregister_worker(&name).await })
+                .await
+            {
+                tracing::warn!("removing the worker's registry row failed: {e}");
+            }
+        })
+    }
+}
+
+impl Run {
+    /// Extends the claim's lease every third of its length (or the configured interval) until
+    /// aborted; cancels `lost` when the lease is lost, or when the store has been unreachable
+    /// for so long that the lease is about to run out.
+    pub(super) fn spawn_heartbeat(
+        &self,
+        job: &Job,
+        lost: CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let config = &self.shared.config;
+        let db = self.shared.db.clone();
+        let clock = config.clock.clone();
+        let lease = job.lease();
+        let len = config.lease;
+        let every = config.heartbeat.unwrap_or(len / 3).min(len / 2);
+        let mut until: Timestamp = job
+            .lease_expires_at
+            .unwrap_or_else(|| clock.now() + chrono::Duration::from_std(len).unwrap_or_default());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let now = clock.now();
+                match db
+                    .run(move |s| async move { s.heartbeat(lease, len, now).await })
+                    .await
+                {
+                    Ok(t) => until = t,
+                    Err(e) if e.is_lease_lost() => {
+                        lost.cancel();
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!("heartbeat for job {} failed: {e}", lease.job_id);
+                        // The store is unreachable: stop the handler before the lease runs out.
+                        if clock.now() + chrono::Duration::from_std(every).unwrap_or_default()
+                            >= until
+                        {
+                            lost.cancel();
+                            return;
+                        }
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// Aborts a task when dropped.
+pub(super) struct AbortOnDrop(pub(super) tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
