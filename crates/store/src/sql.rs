@@ -74,6 +74,13 @@ const CLAIMABLE: &str = "j.state IN ('scheduled', 'available', 'deferred') AND j
 const CLAIM_ONE_QUEUE: &str = "j.queue = $2 \
     AND NOT EXISTS (SELECT 1 FROM redrive_paused_queues pq WHERE pq.queue = $2)";
 
+/// How the PostgreSQL claim's update reaches the rows its `picked` CTE locked: by primary
+/// key, from the array of their ids (an init plan). A join with the CTE (`FROM picked WHERE
+/// t.id = picked.id`) let the planner hash-join it with a sequential scan of the whole jobs
+/// table whenever that looked cheaper than 200 index probes (tens of thousands of rows, e.g.
+/// 24 ms of a 26 ms claim at 20,000 jobs against 2 ms by key).
+const PICKED_IDS: &str = "ANY(ARRAY(SELECT id FROM picked))";
+
 /// Appended to [`CLAIMABLE`] by a claim of some kinds only (`$6`, a JSON array). The list is
 /// read once per statement (on PostgreSQL an array built by an init plan, compared with
 /// `= ANY`), so the claim index is still walked in order and other kinds are filtered out.
@@ -95,7 +102,7 @@ impl Sql {
                    ORDER BY j.priority, j.run_at, j.id LIMIT $3 FOR UPDATE OF j SKIP LOCKED) \
                  UPDATE redrive_jobs t SET state = 'running', lease_owner = $4, \
                  lease_token = t.lease_token + 1, lease_expires_at = $5, updated_at = $1 \
-                 FROM picked WHERE t.id = picked.id RETURNING t.*"
+                 WHERE t.id = {PICKED_IDS} RETURNING t.*"
             ),
         };
         let one = |filter: &str| claim_sql(filter).replace("QUEUES_2", CLAIM_ONE_QUEUE);
@@ -308,7 +315,7 @@ impl Sql {
                    ORDER BY c.priority, c.run_at, c.id LIMIT $3) \
                  UPDATE redrive_jobs t SET state = 'running', lease_owner = $4, \
                  lease_token = t.lease_token + 1, lease_expires_at = $5, updated_at = $1 \
-                 FROM picked WHERE t.id = picked.id RETURNING t.*"
+                 WHERE t.id = {PICKED_IDS} RETURNING t.*"
             ),
         };
         fill(self.dialect, s)
