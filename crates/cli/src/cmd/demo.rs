@@ -64,6 +64,9 @@ struct Report {
     requests_while_open: u64,
     /// PSP requests let through while the breaker was half-open: the probes.
     probes_sent: u64,
+    /// Of the probes, those answered 429: their permits went back to the round, so another
+    /// probe was sent in their place.
+    probes_rate_limited: u64,
     /// Attempts that followed a 429 sooner than its `Retry-After` (must be 0).
     retries_before_retry_after: u64,
     psp: Psp,
@@ -573,6 +576,7 @@ async fn report(
         breaker_transitions: transitions,
         requests_while_open: breaker.requests_while_open,
         probes_sent: breaker.probes_sent,
+        probes_rate_limited: breaker.probes_rate_limited,
         retries_before_retry_after: early,
         psp,
         psp_load,
@@ -624,10 +628,11 @@ fn print_report(r: &Report) -> anyhow::Result<()> {
         r.retries_before_retry_after
     );
     outln!(
-        "  breaker            {} transitions, {} PSP requests while open, {} probes while half-open",
+        "  breaker            {} transitions, {} PSP requests while open, {} probes while half-open ({} answered 429)",
         r.breaker_transitions.len(),
         r.requests_while_open,
-        r.probes_sent
+        r.probes_sent,
+        r.probes_rate_limited
     );
     for t in &r.breaker_transitions {
         outln!(

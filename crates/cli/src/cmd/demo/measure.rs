@@ -122,6 +122,10 @@ pub(crate) struct BreakerCounts {
     pub(crate) requests_while_open: u64,
     /// Requests let through while it was half-open: the probes.
     pub(crate) probes_sent: u64,
+    /// Of the probes, those the PSP answered 429: a rate-limited probe says nothing of the
+    /// PSP's health, so its permit goes back to the round and another probe may be sent.
+    /// `probes_sent - probes_rate_limited` is at most the half-open group's size per round.
+    pub(crate) probes_rate_limited: u64,
 }
 
 /// Counts the requests of `log` let through while the breaker was open, and while it was
@@ -158,7 +162,10 @@ pub(crate) fn breaker_counts(
             .map_or(BreakerState::Closed, |t| t.to);
         match state {
             BreakerState::Open => c.requests_while_open += 1,
-            BreakerState::HalfOpen => c.probes_sent += 1,
+            BreakerState::HalfOpen => {
+                c.probes_sent += 1;
+                c.probes_rate_limited += u64::from(r.status == 429);
+            }
             BreakerState::Closed => {}
         }
     }
@@ -398,7 +405,7 @@ mod tests {
             keyed("b", 1_000_900, 503),
             keyed("c", 1_500_300, 503),
             keyed("d", 2_000_400, 201),
-            keyed("e", 2_050_100, 503),
+            keyed("e", 2_050_100, 429),
             keyed("f", 3_009_500, 503),
             keyed("f", 3_020_500, 201),
             keyed("g", 1_999_999, 503), // no attempt: counted at its arrival, while open
@@ -412,6 +419,7 @@ mod tests {
             BreakerCounts {
                 requests_while_open: 4, // b, c, g and the one without a key
                 probes_sent: 3,         // d, e, and f's first
+                probes_rate_limited: 1, // e
             }
         );
         assert_eq!(
@@ -427,6 +435,7 @@ mod tests {
             BreakerCounts {
                 requests_while_open: 3,
                 probes_sent: 3,
+                probes_rate_limited: 1,
             }
         );
         exact.insert("b".into(), vec![us(1000, 700)]);
