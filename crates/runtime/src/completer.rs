@@ -2,6 +2,14 @@
 //! one `complete_many` transaction. A job's task still waits for its own write to commit
 //! before it sleeps or ends, so "the attempt is recorded before any wait" holds; batching only
 //! shares the commit.
+//!
+//! Batches are sized by load: with nothing in flight, what is queued goes at once (one
+//! completion alone when the worker is quiet); while a batch is in flight the next ones
+//! gather, and another batch starts beside it only once [`PARALLEL_MIN`] are waiting, up to
+//! [`in_flight`] batches at a time (PostgreSQL: several server processes share the commits;
+//! SQLite has one writer, so one). Completions of different jobs are independent, and a
+//! job's task has at most one completion in flight, so concurrent batches change no order
+//! that matters; each stays fenced by its lease token.
 
 use std::sync::Arc;
 
@@ -9,8 +17,19 @@ use redrive_store::{Completion, MAX_BATCH, StoreError};
 
 use crate::db::Db;
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
 
 type Reply = oneshot::Sender<Result<(), Arc<StoreError>>>;
+
+/// Completions waiting before a batch starts beside one already in flight: fewer wait for
+/// the batch in flight to commit (one commit for many beats many small ones).
+const PARALLEL_MIN: usize = 32;
+
+/// Batches in flight at once on a backend: one writer on SQLite; on PostgreSQL a few, as
+/// many as the store lets claims run at once.
+fn in_flight(backend: &str) -> usize {
+    if backend == "sqlite" { 1 } else { 4 }
+}
 
 /// A handle to the batching task (cheap to clone).
 #[derive(Debug, Clone)]
@@ -19,42 +38,43 @@ pub(crate) struct Completer {
 }
 
 impl Completer {
-    /// Starts the batching task; it ends when every handle is dropped.
+    /// Starts the batching task; it ends when every handle is dropped and the last batch
+    /// has committed.
     pub(crate) fn spawn(db: Db, max_batch: usize) -> Self {
+        let lanes = in_flight(db.backend());
+        Self::spawn_with(db, max_batch, lanes)
+    }
+
+    /// [`Completer::spawn`] with at most `lanes` batches in flight.
+    pub(crate) fn spawn_with(db: Db, max_batch: usize, lanes: usize) -> Self {
         let (tx, mut rx) = mpsc::unbounded_channel::<(Completion, Reply)>();
         let max = max_batch.clamp(1, MAX_BATCH);
+        let lanes = lanes.max(1);
         tokio::spawn(async move {
-            let mut batch = Vec::new();
-            while let Some(first) = rx.recv().await {
-                batch.push(first);
-                while batch.len() < max {
-                    match rx.try_recv() {
-                        Ok(item) => batch.push(item),
-                        Err(_) => break,
-                    }
+            let mut waiting: Vec<(Completion, Reply)> = Vec::new();
+            let mut flying = JoinSet::new();
+            let mut open = true;
+            loop {
+                while let Ok(item) = rx.try_recv() {
+                    waiting.push(item);
                 }
-                let (cs, replies): (Vec<Completion>, Vec<Reply>) = batch.drain(..).unzip();
-                let out = db
-                    .run(move |s| async move {
-                        if cs.len() == 1 {
-                            Ok(vec![s.complete(&cs[0]).await])
-                        } else {
-                            s.complete_many(&cs).await
-                        }
-                    })
-                    .await;
-                match out {
-                    Ok(results) => {
-                        for (r, reply) in results.into_iter().zip(replies) {
-                            let _ = reply.send(r.map_err(Arc::new));
-                        }
-                    }
-                    Err(e) => {
-                        let e = Arc::new(e);
-                        for reply in replies {
-                            let _ = reply.send(Err(e.clone()));
-                        }
-                    }
+                while !waiting.is_empty()
+                    && flying.len() < lanes
+                    && (flying.is_empty() || waiting.len() >= PARALLEL_MIN)
+                {
+                    let n = waiting.len().min(max);
+                    let batch: Vec<_> = waiting.drain(..n).collect();
+                    flying.spawn(flush(db.clone(), batch));
+                }
+                if !open && waiting.is_empty() && flying.is_empty() {
+                    return;
+                }
+                tokio::select! {
+                    item = rx.recv(), if open => match item {
+                        Some(item) => waiting.push(item),
+                        None => open = false,
+                    },
+                    Some(_) = flying.join_next(), if !flying.is_empty() => {}
                 }
             }
         });
@@ -70,6 +90,33 @@ impl Completer {
         match rx.await {
             Ok(r) => r.map_err(WriteError::Store),
             Err(_) => Err(WriteError::Stopped),
+        }
+    }
+}
+
+/// One batch: one store call, each completion's result to its task.
+async fn flush(db: Db, batch: Vec<(Completion, Reply)>) {
+    let (cs, replies): (Vec<Completion>, Vec<Reply>) = batch.into_iter().unzip();
+    let out = db
+        .run(move |s| async move {
+            if cs.len() == 1 {
+                Ok(vec![s.complete(&cs[0]).await])
+            } else {
+                s.complete_many(&cs).await
+            }
+        })
+        .await;
+    match out {
+        Ok(results) => {
+            for (r, reply) in results.into_iter().zip(replies) {
+                let _ = reply.send(r.map_err(Arc::new));
+            }
+        }
+        Err(e) => {
+            let e = Arc::new(e);
+            for reply in replies {
+                let _ = reply.send(Err(e.clone()));
+            }
         }
     }
 }
@@ -94,6 +141,102 @@ impl std::fmt::Display for WriteError {
         match self {
             WriteError::Store(e) => e.fmt(f),
             WriteError::Stopped => f.write_str("the completion writer stopped"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redrive_policy::{FailureClass, JobCounters};
+    use redrive_store::{ClaimParams, Kinds, Lease, NewAttempt, NewJob, Store, Transition};
+    use std::time::Duration;
+
+    fn success(lease: Lease, attempts: u32, now: redrive_store::Timestamp) -> Completion {
+        Completion {
+            lease,
+            attempt: Some(NewAttempt {
+                worker: Some("t".into()),
+                started_at: now,
+                duration: Duration::ZERO,
+                class: FailureClass::Success,
+                http_status: None,
+                error: None,
+                counted: true,
+            }),
+            counters: JobCounters {
+                attempts,
+                first_attempt_at: Some(now),
+                ..JobCounters::default()
+            },
+            transition: Transition::Succeeded {
+                result: serde_json::Value::Null,
+            },
+            error: None,
+            now,
+        }
+    }
+
+    /// Many completions at once through several batches in flight: each job completes
+    /// once, with one attempt row; a completion of a job no claim holds is refused as a lost
+    /// lease, alone.
+    #[tokio::test]
+    async fn concurrent_batches_complete_each_job_once_and_keep_the_fence() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("q.db").display());
+        let store = Store::connect(&url).await.unwrap();
+        let now = chrono::Utc::now();
+        let jobs: Vec<NewJob> = (0..300)
+            .map(|_| NewJob::new("q", "noop", serde_json::json!({})))
+            .collect();
+        store.enqueue_many(&jobs, now).await.unwrap();
+        let claimed = store
+            .claim(&ClaimParams {
+                queues: vec!["q".into()],
+                kinds: Kinds::Any,
+                worker: "t".into(),
+                limit: 300,
+                lease: Duration::from_secs(60),
+                now,
+            })
+            .await
+            .unwrap();
+        assert_eq!(claimed.len(), 300);
+        let completer = Completer::spawn_with(Db::new(store.clone(), None), MAX_BATCH, 3);
+        // A job that no claim holds: its completion fails the fence.
+        let waiting = store
+            .enqueue(&NewJob::new("q", "noop", serde_json::json!({})), now)
+            .await
+            .unwrap();
+        let stale = Lease {
+            job_id: waiting.job.id,
+            token: waiting.job.lease_token,
+        };
+        let mut calls: Vec<_> = claimed
+            .iter()
+            .map(|j| {
+                let c = completer.clone();
+                let done = success(j.lease(), 1, now);
+                tokio::spawn(async move { c.complete(done).await })
+            })
+            .collect();
+        let c = completer.clone();
+        let late = success(stale, 1, now);
+        calls.push(tokio::spawn(async move { c.complete(late).await }));
+        let mut results = Vec::new();
+        for call in calls {
+            results.push(call.await.unwrap());
+        }
+        let (last, rest) = results.split_last().unwrap();
+        assert!(rest.iter().all(Result::is_ok), "{rest:?}");
+        assert!(
+            last.as_ref().is_err_and(WriteError::is_lease_lost),
+            "{last:?}"
+        );
+        for j in &claimed {
+            let got = store.get(j.id).await.unwrap().unwrap();
+            assert_eq!(got.state, redrive_store::JobState::Succeeded);
+            assert_eq!(store.attempts(j.id).await.unwrap().len(), 1, "job {}", j.id);
         }
     }
 }

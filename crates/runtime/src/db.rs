@@ -17,6 +17,11 @@ impl Db {
         Self { store, on }
     }
 
+    /// The store's backend (`sqlite` or `postgres`).
+    pub(crate) fn backend(&self) -> &'static str {
+        self.store.backend()
+    }
+
     /// Runs one store call.
     pub(crate) async fn run<T, F, Fut>(&self, f: F) -> T
     where

@@ -210,7 +210,9 @@ async fn seed_rejects_a_bad_queue_and_pads_payloads() {
 
 /// The completion of a batch reaches its jobs by primary key, also with statistics gathered
 /// while no job ran (the bulk seed's `ANALYZE`, as autovacuum's after a big enqueue): the
-/// planner once walked the partial lease index (every running job) for each row instead.
+/// planner once walked the partial lease index (every running job) for each row instead,
+/// and then joined the batch by a nested loop. The claim's update at this depth, too,
+/// reaches its rows by primary key.
 #[tokio::test]
 async fn postgres_completion_uses_the_primary_key_with_stale_statistics() {
     let Some(h) = postgres("done").await else {
@@ -223,6 +225,19 @@ async fn postgres_completion_uses_the_primary_key_with_stale_statistics() {
         .seed(&seed("pay", SeedRows::Available, 20_000))
         .await
         .unwrap();
+    // A table this small invited the claim's update to hash-join the picked ids with a
+    // sequential scan of every job (instead of 200 probes of the primary key).
+    let plan = h
+        .store
+        .claim_plan(&claim(&["pay"], Kinds::only(["noop"])))
+        .await
+        .unwrap();
+    let bad = bad_lines(&plan);
+    assert!(
+        bad.is_empty(),
+        "the claim scans the jobs: {bad:?}\nplan:\n{}",
+        plan.join("\n")
+    );
     let mut running = Vec::new();
     for _ in 0..10 {
         running.extend(h.store.claim(&claim(&["pay"], Kinds::Any)).await.unwrap());
@@ -253,6 +268,12 @@ async fn postgres_completion_uses_the_primary_key_with_stale_statistics() {
         "the completion scans the jobs table:\n{text}"
     );
     assert!(text.contains("redrive_jobs_pkey"), "{text}");
+    // Nor does it compare every job of the batch with every row of it (a nested loop that
+    // reads the batch's arrays again for each job: quadratic in the batch).
+    assert!(
+        !text.contains("Join Filter"),
+        "the completion joins the batch by a nested loop:\n{text}"
+    );
     // And it completes exactly those.
     let done = h.store.complete_many(&cs).await.unwrap();
     assert!(done.iter().all(|r| r.is_ok()));

@@ -99,14 +99,16 @@ const PG_CLAIM: &str = "WITH picked AS (SELECT id FROM redrive_jobs WHERE queue 
     ORDER BY priority, run_at, id LIMIT $3 FOR UPDATE SKIP LOCKED) \
     UPDATE redrive_jobs t SET state = 'running', lease_owner = $4, \
     lease_token = t.lease_token + 1, lease_expires_at = $5, updated_at = $2 \
-    FROM picked WHERE t.id = picked.id RETURNING t.id, t.lease_token, t.payload";
+    WHERE t.id = ANY(ARRAY(SELECT id FROM picked)) RETURNING t.id, t.lease_token, t.payload";
 
-/// The fence on `running` is kept out of the partial lease index's reach, as in the store's
-/// own completion (see there: stale statistics made the planner walk every running job).
+/// The jobs are reached by primary key and the fence on `running` is kept out of the partial
+/// lease index's reach, as in the store's own completion (see there: stale statistics made
+/// the planner walk every running job, or scan the whole table).
 const PG_COMPLETE: &str = "UPDATE redrive_jobs t SET state = 'succeeded', lease_owner = NULL, \
     lease_expires_at = NULL, attempts = t.attempts + 1, finished_at = $3, updated_at = $3 \
     FROM UNNEST(CAST($1 AS INT8[]), CAST($2 AS INT8[])) AS v(id, token) \
-    WHERE t.id = v.id AND t.lease_token = v.token AND (t.state || '') = 'running'";
+    WHERE t.id = ANY(CAST($1 AS INT8[])) AND t.id = v.id AND t.lease_token = v.token \
+    AND CASE t.state WHEN 'running' THEN TRUE ELSE FALSE END";
 
 const SQLITE_CLAIM: &str = "UPDATE redrive_jobs SET state = 'running', lease_owner = $4, \
     lease_token = lease_token + 1, lease_expires_at = $5, updated_at = $2 \

@@ -24,6 +24,13 @@ pub(super) fn queue_at(k: usize) -> String {
 /// The row lock each arm of a claim takes: concurrent claims skip each other's rows.
 pub(super) const ARM_LOCK: &str = " FOR UPDATE OF j SKIP LOCKED";
 
+/// How the claim's update reaches the rows its `picked` CTE locked: by primary key, from the
+/// array of their ids (an init plan). A join with the CTE (`FROM picked WHERE t.id =
+/// picked.id`) let the planner hash-join it with a sequential scan of the whole jobs table
+/// whenever that looked cheaper than 200 index probes (e.g. 24 ms of a 26 ms claim at 20,000
+/// jobs against 2 ms by key).
+const PICKED_IDS: &str = "ANY(ARRAY(SELECT id FROM picked))";
+
 /// The claim of the jobs that `claimable` selects (the queue and kinds' filters included).
 pub(super) fn claim(claimable: &str) -> String {
     format!(
@@ -31,7 +38,7 @@ pub(super) fn claim(claimable: &str) -> String {
            ORDER BY j.priority, j.run_at, j.id LIMIT $3 FOR UPDATE OF j SKIP LOCKED) \
          UPDATE redrive_jobs t SET state = 'running', lease_owner = $4, \
          lease_token = t.lease_token + 1, lease_expires_at = $5, updated_at = $1 \
-         FROM picked WHERE t.id = picked.id RETURNING t.*"
+         WHERE t.id = {PICKED_IDS} RETURNING t.*"
     )
 }
 
@@ -43,7 +50,7 @@ pub(super) fn claim_union(arms: &str) -> String {
            ORDER BY c.priority, c.run_at, c.id LIMIT $3) \
          UPDATE redrive_jobs t SET state = 'running', lease_owner = $4, \
          lease_token = t.lease_token + 1, lease_expires_at = $5, updated_at = $1 \
-         FROM picked WHERE t.id = picked.id RETURNING t.*"
+         WHERE t.id = {PICKED_IDS} RETURNING t.*"
     )
 }
 
