@@ -28,6 +28,50 @@ impl Dialect {
         }
     }
 
+    /// The set of texts in the JSON array parameter `$n`.
+    fn texts(self, n: u8) -> String {
+        match self {
+            Dialect::Sqlite => sqlite::texts(n),
+            Dialect::Postgres => postgres::texts(n),
+        }
+    }
+
+    /// The larger of several values: PostgreSQL's `GREATEST`, SQLite's scalar `MAX`.
+    fn greatest(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "MAX",
+            Dialect::Postgres => "GREATEST",
+        }
+    }
+
+    /// When the next job of the queues in `$1` (a JSON array) may run, given its
+    /// dependency's pause and breaker (the greatest of the three times).
+    fn next_due(self) -> String {
+        format!(
+            "SELECT MIN(CASE WHEN d.name IS NULL THEN j.run_at ELSE {}(j.run_at, \
+    COALESCE(d.paused_until, 0), \
+    CASE WHEN d.state = 'open' THEN COALESCE(d.open_until, 0) ELSE 0 END) END) \
+    FROM redrive_jobs j LEFT JOIN redrive_dependencies d ON d.name = j.dependency \
+    WHERE j.state IN ('scheduled', 'available', 'deferred') AND j.queue IN {} \
+    AND NOT EXISTS (SELECT 1 FROM redrive_paused_queues pq WHERE pq.queue = j.queue) \
+    AND (d.mode IS NULL OR d.mode <> 'forced_open')",
+            self.greatest(),
+            self.texts(1)
+        )
+    }
+
+    /// A fleet-wide pause of a dependency: the later of the stored and the new end wins.
+    fn pause(self) -> String {
+        format!(
+            "INSERT INTO redrive_dependencies (name, paused_until, pause_reason, updated_at, version) \
+                 VALUES ($1, $2, $3, $4, 1) ON CONFLICT (name) DO UPDATE SET \
+                 paused_until = {}(COALESCE(redrive_dependencies.paused_until, 0), excluded.paused_until), \
+                 pause_reason = excluded.pause_reason, updated_at = excluded.updated_at, \
+                 version = redrive_dependencies.version + 1",
+            self.greatest()
+        )
+    }
+
     /// The condition "the job's (`j`) kind is in the JSON array parameter `$n`".
     fn kind_in(self, n: u8) -> String {
         match self {
@@ -127,10 +171,7 @@ impl Sql {
                 Dialect::Postgres => postgres::claim(&claimable),
             })
         };
-        let next_due = match dialect {
-            Dialect::Sqlite => sqlite::next_due(),
-            Dialect::Postgres => postgres::next_due(),
-        };
+        let next_due = dialect.next_due();
         let s = |text: String| Arc::<str>::from(text);
         Self {
             find_by_key: s(format!(
@@ -205,10 +246,7 @@ impl Sql {
                  ON CONFLICT (name) DO NOTHING RETURNING version"
             )),
             update_dep: Arc::from(UPDATE_DEP),
-            pause: Arc::from(match dialect {
-                Dialect::Sqlite => sqlite::PAUSE,
-                Dialect::Postgres => postgres::PAUSE,
-            }),
+            pause: Arc::from(dialect.pause()),
             unpause: Arc::from(UNPAUSE),
         }
     }

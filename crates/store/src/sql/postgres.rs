@@ -53,25 +53,3 @@ pub(super) fn claim_union(arms: &str) -> String {
          WHERE t.id = {PICKED_IDS} RETURNING t.*"
     )
 }
-
-/// When the next job of the queues in `$1` (a JSON array) may run, given its dependency's
-/// pause and breaker (`GREATEST` of the three times).
-pub(super) fn next_due() -> String {
-    format!(
-        "SELECT MIN(CASE WHEN d.name IS NULL THEN j.run_at ELSE GREATEST(j.run_at, \
-    COALESCE(d.paused_until, 0), \
-    CASE WHEN d.state = 'open' THEN COALESCE(d.open_until, 0) ELSE 0 END) END) \
-    FROM redrive_jobs j LEFT JOIN redrive_dependencies d ON d.name = j.dependency \
-    WHERE j.state IN ('scheduled', 'available', 'deferred') AND j.queue IN {} \
-    AND NOT EXISTS (SELECT 1 FROM redrive_paused_queues pq WHERE pq.queue = j.queue) \
-    AND (d.mode IS NULL OR d.mode <> 'forced_open')",
-        texts(1)
-    )
-}
-
-/// A fleet-wide pause of a dependency: the later of the stored and the new end wins.
-pub(super) const PAUSE: &str = "INSERT INTO redrive_dependencies (name, paused_until, pause_reason, updated_at, version) \
-                 VALUES ($1, $2, $3, $4, 1) ON CONFLICT (name) DO UPDATE SET \
-                 paused_until = GREATEST(COALESCE(redrive_dependencies.paused_until, 0), excluded.paused_until), \
-                 pause_reason = excluded.pause_reason, updated_at = excluded.updated_at, \
-                 version = redrive_dependencies.version + 1";
