@@ -107,7 +107,8 @@ async fn run(jobs: u64, cards: u64, http: HttpJob, seed: u64) -> Outcome {
         .policies(set)
         .concurrency(16)
         .seed(seed)
-        .build();
+        .build()
+        .unwrap();
     let started = Instant::now();
     let mut succeeded = 0;
     let mut by_state = BTreeMap::new();
