@@ -141,7 +141,7 @@ impl PolicySet {
             let raw: Vec<(i64, String)> = windows.into_iter().map(|w| (w.max, w.window)).collect();
             let parsed =
                 QuotaRules::parse_windows(n.as_str(), &raw).map_err(|e| e.within("quotas"))?;
-            set.quotas = set.quotas.with(n, parsed).map_err(|e| e.within("quotas"))?;
+            set.quotas = set.quotas.with(n, parsed);
         }
         Ok(set)
     }
@@ -729,12 +729,12 @@ mod tests {
         .unwrap();
         let v = set.quotas().windows(Network::Visa);
         assert_eq!(
-            (v[0].max, v[0].window),
+            (v[0].max(), v[0].window()),
             (12, Duration::from_secs(30 * 86_400))
         );
         let m = set.quotas().windows(Network::Mastercard);
         assert_eq!(m.len(), 2);
-        assert_eq!((m[0].max, m[0].window), (3, Duration::from_secs(60)));
+        assert_eq!((m[0].max(), m[0].window()), (3, Duration::from_secs(60)));
         assert_eq!(
             set.get("subs").unwrap().decline_retry_later(),
             Duration::from_secs(6 * 3600)

@@ -977,17 +977,10 @@ fn quota_policies(retry_later: Duration, deadline: Option<Duration>) -> PolicySe
         b = b.with_deadline(d);
     }
     set.insert(b.build().unwrap());
-    set.set_quotas(
-        redrive_policy::QuotaRules::none()
-            .with(
-                redrive_policy::Network::Visa,
-                vec![redrive_policy::QuotaWindow {
-                    max: 2,
-                    window: Duration::from_secs(3600),
-                }],
-            )
-            .unwrap(),
-    );
+    set.set_quotas(redrive_policy::QuotaRules::none().with(
+        redrive_policy::Network::Visa,
+        vec![redrive_policy::QuotaWindow::new(2, Duration::from_secs(3600)).unwrap()],
+    ));
     set
 }
 

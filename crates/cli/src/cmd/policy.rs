@@ -47,7 +47,7 @@ fn render_declines(p: &RetryPolicy, quotas: &redrive_policy::QuotaRules) -> Stri
             .map(|(n, ws)| format!(
                 "{n} {}",
                 ws.iter()
-                    .map(|w| format!("{}/{}", w.max, format_duration(w.window)))
+                    .map(|w| format!("{}/{}", w.max(), format_duration(w.window())))
                     .collect::<Vec<_>>()
                     .join(" + ")
             ))
