@@ -124,7 +124,9 @@ fn flow(c: &mut Criterion) {
     let second = chrono::Duration::seconds(1);
     let wait = Duration::from_secs(1);
     let mut rng = SmallRng::seed_from_u64(1);
-    let cfg = FlowConfig::default().with_rate(RateConfig::fixed(80.0).unwrap());
+    let cfg = FlowConfig::default()
+        .with_rate(RateConfig::fixed(80.0).unwrap())
+        .unwrap();
     let limited = FlowRow {
         rate: Some(80.0),
         tat: Some(now),

@@ -200,7 +200,7 @@ impl PolicySet {
     /// The breaker configuration of a dependency: its own section, else `[breaker.default]`,
     /// else the built-in default.
     pub fn breaker(&self, dependency: &str) -> BreakerConfig {
-        self.flow(dependency).breaker
+        self.flow(dependency).breaker().clone()
     }
 
     /// The flow control of a dependency (breaker, rate limit, concurrency cap, retry budget):
@@ -593,7 +593,7 @@ impl RawBreaker {
         if let Some(i) = self.rate_increase {
             r = r.with_increase(i);
         }
-        r.validate()?;
+        let mut flow = FlowConfig::default().with_rate(r)?;
         let max_inflight = self
             .max_inflight
             .map(|n| count("max_inflight", n, 1, 100_000))
@@ -615,16 +615,16 @@ impl RawBreaker {
                 if let Some(m) = min {
                     b = b.with_min_per_sec(count("retry_budget_min_per_sec", m, 0, 1_000_000)?);
                 }
-                b.build()?;
                 Some(b)
             }
         };
-        Ok(FlowConfig {
-            breaker: self.into_config()?,
-            rate: r,
-            max_inflight,
-            retry_budget,
-        })
+        if let Some(n) = max_inflight {
+            flow = flow.with_max_inflight(n)?;
+        }
+        if let Some(b) = retry_budget {
+            flow = flow.with_retry_budget(b)?;
+        }
+        Ok(flow.with_breaker(self.into_config()?))
     }
 
     fn into_config(self) -> Result<BreakerConfig, PolicyError> {
@@ -920,14 +920,14 @@ retry_budget_ratio = 0.5
         )
         .unwrap();
         let psp = set.flow("psp");
-        assert_eq!(psp.rate.limit(), Some(80.0));
-        assert!(!psp.rate.is_adaptive());
-        assert_eq!(psp.max_inflight, Some(8));
-        assert!(psp.retry_budget.is_some());
+        assert_eq!(psp.rate().limit(), Some(80.0));
+        assert!(!psp.rate().is_adaptive());
+        assert_eq!(psp.max_inflight(), Some(8));
+        assert!(psp.retry_budget().is_some());
         let other = set.flow("other");
-        assert_eq!(other.rate.limit(), None);
-        assert!(other.rate.is_adaptive());
-        assert_eq!(other.rate.burst(), 3);
+        assert_eq!(other.rate().limit(), None);
+        assert!(other.rate().is_adaptive());
+        assert_eq!(other.rate().burst(), 3);
         assert_eq!(PolicySet::builtin().flow("x"), FlowConfig::default());
         for (toml, want) in [
             (

@@ -43,7 +43,7 @@
 //! use rand::{SeedableRng, rngs::SmallRng};
 //! use redrive_policy::{FlowConfig, FlowEvent, FlowRow, Grant, RateConfig};
 //!
-//! let cfg = FlowConfig::default().with_rate(RateConfig::fixed(80.0).unwrap().with_burst(0));
+//! let cfg = FlowConfig::default().with_rate(RateConfig::fixed(80.0).unwrap().with_burst(0)).unwrap();
 //! let mut rng = SmallRng::seed_from_u64(1);
 //! let now = Utc::now();
 //! let step = cfg.apply(&FlowRow::default(), FlowEvent::Reserve { max_ahead: Duration::from_secs(1) }, now, &mut rng);
@@ -271,33 +271,104 @@ impl RateConfig {
     }
 }
 
+/// The most calls in flight per worker process that [`FlowConfig::with_max_inflight`] accepts.
+pub const MAX_INFLIGHT: u32 = 100_000;
+
 /// Everything the fleet does toward one dependency.
+///
+/// The fields are private and every setter that can receive an invalid value checks it
+/// (`with_rate`, `with_max_inflight`, `with_retry_budget` return a `Result`), so a
+/// `FlowConfig` is always valid.
 ///
 /// # Default
 /// [`BreakerConfig::default`], [`RateConfig::adaptive`], no concurrency cap, no retry budget.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct FlowConfig {
     /// The breaker.
-    pub breaker: BreakerConfig,
+    breaker: BreakerConfig,
     /// The rate limiter.
-    pub rate: RateConfig,
+    rate: RateConfig,
     /// At most this many calls in flight to the dependency per worker process (bulkhead).
-    pub max_inflight: Option<u32>,
+    max_inflight: Option<u32>,
     /// Retries beyond this budget's share of first attempts are deferred (per process, as
-    /// gRPC's retry throttling is per channel).
-    pub retry_budget: Option<RetryBudgetBuilder>,
+    /// gRPC's retry throttling is per channel). Always builds.
+    retry_budget: Option<RetryBudgetBuilder>,
 }
 
 impl FlowConfig {
-    /// This configuration with another breaker.
+    /// This configuration with another breaker (valid by construction).
     pub fn with_breaker(mut self, b: BreakerConfig) -> Self {
         self.breaker = b;
         self
     }
+
     /// This configuration with another rate limiter.
-    pub fn with_rate(mut self, r: RateConfig) -> Self {
+    ///
+    /// # Errors
+    /// [`PolicyError::InvalidField`] from [`RateConfig::validate`], naming the field.
+    pub fn with_rate(mut self, r: RateConfig) -> Result<Self, PolicyError> {
+        r.validate()?;
         self.rate = r;
+        Ok(self)
+    }
+
+    /// At most `n` calls in flight to the dependency per worker process.
+    ///
+    /// # Errors
+    /// [`PolicyError::InvalidField`] naming `max_inflight` when `n` is not from 1 to
+    /// [`MAX_INFLIGHT`].
+    pub fn with_max_inflight(mut self, n: u32) -> Result<Self, PolicyError> {
+        if n == 0 || n > MAX_INFLIGHT {
+            return Err(PolicyError::invalid(
+                "max_inflight",
+                n.to_string(),
+                format!("from 1 to {MAX_INFLIGHT}"),
+            ));
+        }
+        self.max_inflight = Some(n);
+        Ok(self)
+    }
+
+    /// No cap on calls in flight.
+    pub fn without_max_inflight(mut self) -> Self {
+        self.max_inflight = None;
         self
+    }
+
+    /// A retry budget per worker process.
+    ///
+    /// # Errors
+    /// The error of [`RetryBudgetBuilder::build`] when the budget does not build.
+    pub fn with_retry_budget(mut self, b: RetryBudgetBuilder) -> Result<Self, PolicyError> {
+        b.build()?;
+        self.retry_budget = Some(b);
+        Ok(self)
+    }
+
+    /// No retry budget.
+    pub fn without_retry_budget(mut self) -> Self {
+        self.retry_budget = None;
+        self
+    }
+
+    /// The breaker.
+    pub const fn breaker(&self) -> &BreakerConfig {
+        &self.breaker
+    }
+
+    /// The rate limiter.
+    pub const fn rate(&self) -> RateConfig {
+        self.rate
+    }
+
+    /// At most this many calls in flight per worker process; `None`: no cap.
+    pub const fn max_inflight(&self) -> Option<u32> {
+        self.max_inflight
+    }
+
+    /// The retry budget per worker process (it builds); `None`: none.
+    pub const fn retry_budget(&self) -> Option<RetryBudgetBuilder> {
+        self.retry_budget
     }
 }
 

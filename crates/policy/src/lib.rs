@@ -62,8 +62,8 @@ pub use file::PolicySet;
 pub use flow::{
     CONGESTION_EPOCH, Check, DEFAULT_RATE_BATCH, DEFAULT_RATE_BURST, DEFAULT_RATE_CEILING,
     DEFAULT_RATE_DECREASE, DEFAULT_RATE_FLOOR, DEFAULT_RATE_INCREASE, FlowClient, FlowConfig,
-    FlowEvent, FlowRow, Grant, MAX_SLOTS_PER_RESERVATION, Next, RateConfig, SLOT_HORIZON,
-    ServedRate, Slots, Step, until_resumed,
+    FlowEvent, FlowRow, Grant, MAX_INFLIGHT, MAX_SLOTS_PER_RESERVATION, Next, RateConfig,
+    SLOT_HORIZON, ServedRate, Slots, Step, until_resumed,
 };
 pub use jitter::{Jitter, MAX_PROPORTIONAL_FACTOR, ProportionalFactor};
 pub use outcome::{Outcome, StatusTable};

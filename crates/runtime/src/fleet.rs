@@ -88,7 +88,7 @@ impl Fleet {
             Entry {
                 client: FlowClient::new(config.clone(), self.seed ^ hash(dep)),
                 inflight: config
-                    .max_inflight
+                    .max_inflight()
                     .map(|n| Arc::new(Semaphore::new(n as usize))),
                 config,
                 row: None,

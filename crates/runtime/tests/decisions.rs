@@ -737,11 +737,13 @@ async fn a_send_slot_beyond_the_reservation_horizon_is_waited_for_in_process() {
     let mut set = PolicySet::builtin();
     set.insert_flow(
         "psp",
-        redrive_policy::FlowConfig::default().with_rate(
-            redrive_policy::RateConfig::fixed(2.0)
-                .unwrap()
-                .with_burst(0),
-        ),
+        redrive_policy::FlowConfig::default()
+            .with_rate(
+                redrive_policy::RateConfig::fixed(2.0)
+                    .unwrap()
+                    .with_burst(0),
+            )
+            .unwrap(),
     );
     let h = Arc::new(Stamps::default());
     let s = e
@@ -794,7 +796,8 @@ async fn a_call_waiting_for_its_send_slot_is_not_made_once_the_breaker_opened() 
                 redrive_policy::RateConfig::fixed(2.0)
                     .unwrap()
                     .with_burst(0),
-            ),
+            )
+            .unwrap(),
     );
     let h = Arc::new(SlowFirstFails::default());
     let s = e

@@ -205,9 +205,10 @@ impl CapacityConfig {
             RateMode::Limit => RateConfig::fixed(self.capacity)
                 .map_err(|e| SimError::config("capacity", self.capacity, e.to_string()))?,
         };
-        Ok(FlowConfig::default()
+        FlowConfig::default()
             .with_breaker(self.breaker.clone())
-            .with_rate(rate))
+            .with_rate(rate)
+            .map_err(|e| SimError::config("capacity", self.capacity, e.to_string()))
     }
 
     fn blocked_policy(&self) -> Result<RetryPolicy, SimError> {

@@ -254,7 +254,9 @@ mod tests {
 
     #[test]
     fn a_fixed_limit_hands_out_spaced_slots() {
-        let cfg = FlowConfig::default().with_rate(RateConfig::fixed(100.0).unwrap().with_burst(0));
+        let cfg = FlowConfig::default()
+            .with_rate(RateConfig::fixed(100.0).unwrap().with_burst(0))
+            .unwrap();
         let mut f = Fleet::new(cfg, 1, 1, true);
         let mut rng = SmallRng::seed_from_u64(1);
         let wait = Duration::from_secs(1);
@@ -284,7 +286,8 @@ mod tests {
             .unwrap();
         let cfg = FlowConfig::default()
             .with_breaker(b)
-            .with_rate(RateConfig::off());
+            .with_rate(RateConfig::off())
+            .unwrap();
         let mut rng = SmallRng::seed_from_u64(1);
         let d = Duration::from_millis(10);
         let mut closed = Fleet::new(cfg.clone(), 1, 1, true);

@@ -69,7 +69,7 @@ pub(crate) fn policies() -> anyhow::Result<(PolicySet, RetryPolicy)> {
     // No configured rate limit: the fleet learns the PSP's from its 429s (the default).
     let flow = FlowConfig::default()
         .with_breaker(breaker)
-        .with_rate(RateConfig::adaptive());
+        .with_rate(RateConfig::adaptive())?;
     let mut set = PolicySet::builtin();
     set.insert(policy.clone());
     set.insert_flow(DEPENDENCY, flow);

@@ -67,7 +67,7 @@ pub enum Next {
 /// use rand::{SeedableRng, rngs::SmallRng};
 /// use redrive_policy::{FailureClass, FlowClient, FlowConfig, FlowRow, Next, RateConfig};
 ///
-/// let cfg = FlowConfig::default().with_rate(RateConfig::fixed(80.0).unwrap().with_burst(0));
+/// let cfg = FlowConfig::default().with_rate(RateConfig::fixed(80.0).unwrap().with_burst(0)).unwrap();
 /// let mut client = FlowClient::new(cfg.clone(), 1);
 /// let mut rng = SmallRng::seed_from_u64(1);
 /// let (now, wait) = (Utc.with_ymd_and_hms(2026, 12, 4, 12, 0, 0).unwrap(), Duration::from_secs(1));
@@ -99,6 +99,7 @@ pub struct FlowClient {
 impl FlowClient {
     /// A client for one dependency; `seed` seeds its local breaker's jitter.
     pub fn new(config: FlowConfig, seed: u64) -> Self {
+        // A FlowConfig's budget always builds (checked by `FlowConfig::with_retry_budget`).
         let budget = config.retry_budget.and_then(|b| b.build().ok());
         Self {
             window: CircuitBreaker::new(config.breaker.clone(), seed),

@@ -262,7 +262,9 @@ fn a_retry_after_pauses_the_fleet_until_then_and_never_shortens_a_pause() {
 
 #[test]
 fn a_fixed_limit_hands_out_slots_at_the_rate() {
-    let c = cfg().with_rate(RateConfig::fixed(80.0).unwrap().with_burst(0));
+    let c = cfg()
+        .with_rate(RateConfig::fixed(80.0).unwrap().with_burst(0))
+        .unwrap();
     let s = c.apply(
         &FlowRow::default(),
         FlowEvent::Reserve { max_ahead: AHEAD },
@@ -300,7 +302,9 @@ fn a_fixed_limit_hands_out_slots_at_the_rate() {
 
 #[test]
 fn no_slot_beyond_max_ahead_and_the_wait_is_named() {
-    let c = cfg().with_rate(RateConfig::fixed(10.0).unwrap().with_burst(0));
+    let c = cfg()
+        .with_rate(RateConfig::fixed(10.0).unwrap().with_burst(0))
+        .unwrap();
     let mut row = FlowRow {
         tat: Some(at_ms(5000)),
         ..FlowRow::default()
@@ -442,7 +446,7 @@ fn a_client_gives_its_share_once_per_epoch_however_many_429s_it_gets() {
 
 #[test]
 fn a_client_never_reserves_beyond_the_slot_horizon() {
-    let c = cfg().with_rate(RateConfig::fixed(80.0).unwrap());
+    let c = cfg().with_rate(RateConfig::fixed(80.0).unwrap()).unwrap();
     let mut client = FlowClient::new(c, 1);
     assert_eq!(
         client.before_call(&FlowRow::default(), false, Duration::from_secs(10), t0()),
@@ -454,7 +458,7 @@ fn a_client_never_reserves_beyond_the_slot_horizon() {
 
 #[test]
 fn an_epoch_never_sums_beyond_the_rate_before_it() {
-    let c = cfg().with_rate(RateConfig::fixed(40.0).unwrap());
+    let c = cfg().with_rate(RateConfig::fixed(40.0).unwrap()).unwrap();
     let ev = |served| FlowEvent::RateLimited {
         pause_until: None,
         served_per_s: Some(served),
@@ -469,12 +473,14 @@ fn an_epoch_never_sums_beyond_the_rate_before_it() {
 
 #[test]
 fn the_rate_grows_additively_while_used_up_to_the_configured_limit() {
-    let c = cfg().with_rate(
-        RateConfig::fixed(100.0)
-            .unwrap()
-            .with_increase(10.0)
-            .with_burst(0),
-    );
+    let c = cfg()
+        .with_rate(
+            RateConfig::fixed(100.0)
+                .unwrap()
+                .with_increase(10.0)
+                .with_burst(0),
+        )
+        .unwrap();
     let row = FlowRow {
         rate: Some(50.0),
         rate_cut_at: Some(t0()),
@@ -513,11 +519,13 @@ fn the_rate_grows_additively_while_used_up_to_the_configured_limit() {
 
 #[test]
 fn a_learned_rate_that_reaches_the_ceiling_is_lifted() {
-    let c = cfg().with_rate(
-        RateConfig::adaptive()
-            .with_bounds(1.0, 100.0)
-            .with_increase(50.0),
-    );
+    let c = cfg()
+        .with_rate(
+            RateConfig::adaptive()
+                .with_bounds(1.0, 100.0)
+                .with_increase(50.0),
+        )
+        .unwrap();
     let row = FlowRow {
         rate: Some(90.0),
         rate_raised_at: Some(t0()),
@@ -535,7 +543,9 @@ fn a_learned_rate_that_reaches_the_ceiling_is_lifted() {
 
 #[test]
 fn a_fixed_limit_that_is_not_adaptive_ignores_429s() {
-    let c = cfg().with_rate(RateConfig::fixed(80.0).unwrap().with_adaptive(false));
+    let c = cfg()
+        .with_rate(RateConfig::fixed(80.0).unwrap().with_adaptive(false))
+        .unwrap();
     let s = c.apply(
         &FlowRow::default(),
         FlowEvent::RateLimited {
@@ -572,7 +582,40 @@ fn bad_rate_settings_are_named() {
     ] {
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains(field), "{e} should name {field}");
+        // A FlowConfig refuses it too, so none holds an invalid rate.
+        let e = FlowConfig::default().with_rate(c).unwrap_err().to_string();
+        assert!(e.contains(field), "{e} should name {field}");
     }
+}
+
+#[test]
+fn flow_config_setters_refuse_invalid_values() {
+    for n in [0, crate::MAX_INFLIGHT + 1] {
+        let e = FlowConfig::default().with_max_inflight(n).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with(&format!("invalid max_inflight = {n}")),
+            "{e}"
+        );
+    }
+    let c = FlowConfig::default()
+        .with_max_inflight(crate::MAX_INFLIGHT)
+        .unwrap();
+    assert_eq!(c.max_inflight(), Some(crate::MAX_INFLIGHT));
+    assert_eq!(c.without_max_inflight().max_inflight(), None);
+    for bad in [
+        crate::RetryBudgetBuilder::new().with_retry_ratio(-1.0),
+        crate::RetryBudgetBuilder::new().with_retry_ratio(f64::NAN),
+        crate::RetryBudgetBuilder::new().with_ttl(Duration::ZERO),
+    ] {
+        assert!(FlowConfig::default().with_retry_budget(bad).is_err());
+    }
+    let b = crate::RetryBudgetBuilder::new().with_retry_ratio(0.5);
+    let c = FlowConfig::default().with_retry_budget(b).unwrap();
+    assert_eq!(c.retry_budget(), Some(b));
+    assert_eq!(c.without_retry_budget().retry_budget(), None);
+    let r = RateConfig::fixed(5.0).unwrap();
+    assert_eq!(FlowConfig::default().with_rate(r).unwrap().rate(), r);
 }
 
 /// Runs a fleet of `procs` processes reserving slots whenever they run out, each sending
@@ -620,7 +663,7 @@ proptest! {
         step_us in 100i64..20_000,
         window_ms in 50i64..2000,
     ) {
-        let c = cfg().with_rate(RateConfig::fixed(rate).unwrap().with_burst(burst).with_adaptive(false));
+        let c = cfg().with_rate(RateConfig::fixed(rate).unwrap().with_burst(burst).with_adaptive(false)).unwrap();
         let sends = fleet_sends(&c, procs, 3, step_us);
         let w = window_ms * 1000;
         let bound = (rate * window_ms as f64 / 1000.0).floor() as usize + burst as usize + 1;
@@ -756,7 +799,9 @@ fn aimd_settles_near_a_fixed_psp_limit() {
 
 #[test]
 fn a_slot_beyond_the_horizon_but_within_the_wait_is_waited_for() {
-    let c = cfg().with_rate(RateConfig::fixed(80.0).unwrap().with_burst(0));
+    let c = cfg()
+        .with_rate(RateConfig::fixed(80.0).unwrap().with_burst(0))
+        .unwrap();
     let mut client = FlowClient::new(c.clone(), 1);
     let mut r = rng();
     // The fleet has reserved three seconds ahead.
@@ -794,12 +839,14 @@ fn a_slot_beyond_the_horizon_but_within_the_wait_is_waited_for() {
 
 #[test]
 fn asking_again_after_a_wait_does_not_draw_on_the_retry_budget_twice() {
-    let mut c = cfg().with_rate(RateConfig::fixed(80.0).unwrap());
-    c.retry_budget = Some(
-        crate::RetryBudgetBuilder::new()
-            .with_min_per_sec(0)
-            .with_retry_ratio(0.0),
-    );
+    let mut c = cfg().with_rate(RateConfig::fixed(80.0).unwrap()).unwrap();
+    c = c
+        .with_retry_budget(
+            crate::RetryBudgetBuilder::new()
+                .with_min_per_sec(0)
+                .with_retry_ratio(0.0),
+        )
+        .unwrap();
     let mut client = FlowClient::new(c, 1);
     let row = FlowRow::default();
     let wait = Duration::from_secs(10);
@@ -875,7 +922,7 @@ fn a_process_whose_window_tripped_calls_nothing_before_the_row_says_open() {
 
 #[test]
 fn a_call_at_a_slot_waited_for_looks_again_at_the_breaker() {
-    let c = cfg().with_rate(RateConfig::fixed(10.0).unwrap());
+    let c = cfg().with_rate(RateConfig::fixed(10.0).unwrap()).unwrap();
     let mut r = rng();
     let row = FlowRow::default();
     let mut reserve = |client: &mut FlowClient, now| {

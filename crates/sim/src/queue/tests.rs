@@ -21,7 +21,7 @@ fn policy() -> RetryPolicy {
 
 /// No limiter, no breaker that could open.
 fn open_flow() -> FlowConfig {
-    FlowConfig::default().with_rate(RateConfig::off())
+    FlowConfig::default().with_rate(RateConfig::off()).unwrap()
 }
 
 fn healthy(latency: Duration) -> PspModel {
@@ -86,7 +86,9 @@ fn an_idle_claim_loop_polls_for_deferred_jobs() {
 #[test]
 fn a_fixed_limit_never_lets_more_than_its_rate_plus_burst_through_in_100ms() {
     for rate in [20.0, 50.0, 80.0] {
-        let flow = FlowConfig::default().with_rate(RateConfig::fixed(rate).unwrap());
+        let flow = FlowConfig::default()
+            .with_rate(RateConfig::fixed(rate).unwrap())
+            .unwrap();
         let cfg = QueueConfig {
             jobs: 300,
             workers: 16,
@@ -124,6 +126,7 @@ fn outage_breaker() -> FlowConfig {
     FlowConfig::default()
         .with_breaker(b)
         .with_rate(RateConfig::off())
+        .unwrap()
 }
 
 #[test]
