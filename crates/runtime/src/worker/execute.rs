@@ -262,7 +262,7 @@ impl Run {
         let now = clock.now();
         let retry = claim.counters.attempts > 0;
         // What is left of the wait in process, after a wait for the reservation horizon.
-        let full = claim.policy.retry.in_process_max_wait;
+        let full = claim.policy.retry().in_process_max_wait();
         let max_wait = claim.waited_since.map_or(full, |t: Timestamp| {
             full.saturating_sub((now - t).to_std().unwrap_or_default())
         });
