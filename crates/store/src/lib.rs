@@ -53,6 +53,8 @@ mod workers;
 
 use std::time::Duration;
 
+use ops::Backend as _;
+
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Result, StoreError};
 pub use insights::{AttemptBucket, DeadGroup, DeadReasonCount, MAX_DEAD_SCAN, error_signature};

@@ -1,597 +1,644 @@
-//! The operations both backends share, written once as a macro over the sqlx database type.
-//! Each backend provides `self.pool`, `self.read`, `self.sql`, `self.tx()` and `self.wake()`.
+//! The operations both backends share, written once: [`Backend`] is implemented by each store
+//! (its pools, statements, transactions, wake-ups and the two operations whose SQL shape differs:
+//! the multi-row insert and the completion batch), and its provided methods are the operations,
+//! generic over the sqlx database and compiled once per backend.
+//!
+//! The `where` clauses of [`Backend`] name what the operations bind and decode; they are checked
+//! where the trait is implemented (for `Sqlite` and `Postgres`), and hold inside every provided
+//! method, so that no operation repeats them.
 
-/// Generates the shared operations for one backend.
-macro_rules! shared_ops {
-    ($store:ident, $db:ty, $conn:ty) => {
-        impl $store {
-            /// Enqueues one job on the caller's own connection or transaction, so that it commits
-            /// (or rolls back) together with the caller's rows.
-            pub async fn enqueue_in(
-                &self,
-                conn: &mut $conn,
-                job: &crate::NewJob,
-                now: redrive_policy::Timestamp,
-            ) -> crate::Result<crate::Enqueued> {
-                job.validate()?;
-                let mut out = self
-                    .enqueue_chunk_in(conn, std::slice::from_ref(job), now)
-                    .await?;
-                Ok(out.remove(0))
-            }
+use std::collections::HashSet;
+use std::sync::Arc;
 
-            /// One multi-row insert, then the jobs the unique index refused looked up by key;
-            /// results in input order. The jobs are validated by the caller.
-            async fn enqueue_chunk_in(
-                &self,
-                conn: &mut $conn,
-                chunk: &[crate::NewJob],
-                now: redrive_policy::Timestamp,
-            ) -> crate::Result<Vec<crate::Enqueued>> {
-                let rows: Vec<crate::batch::InsertRow> = chunk
-                    .iter()
-                    .map(|j| crate::batch::InsertRow::of(j, now))
-                    .collect();
-                let created = self.insert_chunk(conn, chunk, &rows, now).await?;
-                let mut out = Vec::with_capacity(chunk.len());
-                for (job, slot) in chunk
-                    .iter()
-                    .zip(crate::batch::match_inserted(chunk, &rows, created))
-                {
-                    let e = match slot {
-                        Some(e) => e,
-                        // Refused by the unique index: the job with this key already existed.
-                        None => {
-                            let existing: crate::rows::JobRow =
-                                sqlx::query_as(sqlx::AssertSqlSafe(self.sql.find_by_key.clone()))
-                                    .bind(&job.queue)
-                                    .bind(&job.key)
-                                    .fetch_one(&mut *conn)
-                                    .await?;
-                            crate::Enqueued {
-                                job: existing.into_job()?,
-                                created: false,
-                            }
-                        }
-                    };
-                    out.push(e);
+use sqlx::query::QueryAs;
+use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, Transaction, Type};
+
+use crate::rows::{AttemptRow, CountRow, DepRow, EventRow, JobRow};
+use crate::sql::Sql;
+
+/// A database row as the operations decode it.
+type RowOf<B> = <<B as Backend>::Db as Database>::Row;
+
+/// A store backend: what it must provide (the required methods), and the operations written
+/// once over it (the provided methods, called by [`crate::Store`]).
+pub(crate) trait Backend: Sync
+where
+    for<'c> &'c mut <Self::Db as Database>::Connection: Executor<'c, Database = Self::Db>,
+    <Self::Db as Database>::Arguments: IntoArguments<Self::Db>,
+    // What the operations bind.
+    for<'q> i64: Encode<'q, Self::Db> + Type<Self::Db>,
+    for<'q> Option<i64>: Encode<'q, Self::Db>,
+    f64: Type<Self::Db>,
+    for<'q> Option<f64>: Encode<'q, Self::Db>,
+    for<'q> String: Encode<'q, Self::Db> + Type<Self::Db>,
+    for<'q> Option<String>: Encode<'q, Self::Db>,
+    for<'q> &'q str: Encode<'q, Self::Db> + Type<Self::Db>,
+    for<'q> Option<&'q str>: Encode<'q, Self::Db>,
+    // What they decode.
+    for<'r> (i64,): FromRow<'r, RowOf<Self>>,
+    for<'r> (Option<i64>,): FromRow<'r, RowOf<Self>>,
+    for<'r> (String,): FromRow<'r, RowOf<Self>>,
+    for<'r> (i64, String, i64, i64, String): FromRow<'r, RowOf<Self>>,
+    for<'r> JobRow: FromRow<'r, RowOf<Self>>,
+    for<'r> AttemptRow: FromRow<'r, RowOf<Self>>,
+    for<'r> CountRow: FromRow<'r, RowOf<Self>>,
+    for<'r> DepRow: FromRow<'r, RowOf<Self>>,
+    for<'r> EventRow: FromRow<'r, RowOf<Self>>,
+{
+    /// The sqlx database.
+    type Db: Database;
+
+    /// The pool writes go through.
+    fn pool(&self) -> &Pool<Self::Db>;
+
+    /// The pool reads go through (on SQLite other connections than the writer's).
+    fn read_pool(&self) -> &Pool<Self::Db>;
+
+    /// The dialect's statements.
+    fn sql(&self) -> &Sql;
+
+    /// Begins a write transaction.
+    async fn tx(&self) -> crate::Result<Transaction<'static, Self::Db>>;
+
+    /// Tells this process's waiting workers (and on PostgreSQL the other processes') that
+    /// work may have appeared.
+    fn wake(&self);
+
+    /// Rows a statement changed.
+    fn rows_affected(done: &<Self::Db as Database>::QueryResult) -> u64;
+
+    /// Waits, where the backend limits concurrent claims, for a permit held for the claim
+    /// statement only.
+    async fn claim_permit(&self) -> Option<tokio::sync::SemaphorePermit<'_>>;
+
+    /// Inserts a chunk of validated jobs (`rows` their computed columns) in one statement;
+    /// returns the rows it created (those the unique index refused are missing).
+    async fn insert_chunk(
+        &self,
+        conn: &mut <Self::Db as Database>::Connection,
+        chunk: &[crate::NewJob],
+        rows: &[crate::batch::InsertRow],
+        now: redrive_policy::Timestamp,
+    ) -> crate::Result<Vec<crate::batch::InsertedKey>>;
+
+    /// Applies a batch of fenced completions atomically; returns the ids that applied.
+    async fn complete_batch(&self, cs: &[crate::Completion]) -> crate::Result<HashSet<i64>>;
+
+    /// Enqueues one job on the caller's own connection or transaction, so that it commits
+    /// (or rolls back) together with the caller's rows.
+    async fn enqueue_in_impl(
+        &self,
+        conn: &mut <Self::Db as Database>::Connection,
+        job: &crate::NewJob,
+        now: redrive_policy::Timestamp,
+    ) -> crate::Result<crate::Enqueued> {
+        job.validate()?;
+        let mut out = self
+            .enqueue_chunk_in(conn, std::slice::from_ref(job), now)
+            .await?;
+        Ok(out.remove(0))
+    }
+
+    /// One multi-row insert, then the jobs the unique index refused looked up by key;
+    /// results in input order. The jobs are validated by the caller.
+    async fn enqueue_chunk_in(
+        &self,
+        conn: &mut <Self::Db as Database>::Connection,
+        chunk: &[crate::NewJob],
+        now: redrive_policy::Timestamp,
+    ) -> crate::Result<Vec<crate::Enqueued>> {
+        let rows: Vec<crate::batch::InsertRow> = chunk
+            .iter()
+            .map(|j| crate::batch::InsertRow::of(j, now))
+            .collect();
+        let created = self.insert_chunk(conn, chunk, &rows, now).await?;
+        let mut out = Vec::with_capacity(chunk.len());
+        for (job, slot) in chunk
+            .iter()
+            .zip(crate::batch::match_inserted(chunk, &rows, created))
+        {
+            let e = match slot {
+                Some(e) => e,
+                // Refused by the unique index: the job with this key already existed.
+                None => {
+                    let existing: crate::rows::JobRow =
+                        sqlx::query_as(sqlx::AssertSqlSafe(self.sql().find_by_key.clone()))
+                            .bind(&job.queue)
+                            .bind(&job.key)
+                            .fetch_one(&mut *conn)
+                            .await?;
+                    crate::Enqueued {
+                        job: existing.into_job()?,
+                        created: false,
+                    }
                 }
-                Ok(out)
-            }
+            };
+            out.push(e);
+        }
+        Ok(out)
+    }
 
-            pub(crate) async fn enqueue_many_impl(
-                &self,
-                jobs: &[crate::NewJob],
-                now: redrive_policy::Timestamp,
-            ) -> crate::Result<Vec<crate::Enqueued>> {
-                crate::check_batch("jobs", jobs.len())?;
-                for j in jobs {
-                    j.validate()?;
-                }
-                let mut tx = self.tx().await?;
-                let mut out = Vec::with_capacity(jobs.len());
-                for chunk in jobs.chunks(self.sql.enqueue_chunk) {
-                    out.extend(self.enqueue_chunk_in(&mut tx, chunk, now).await?);
-                }
-                tx.commit().await?;
-                self.wake();
-                Ok(out)
-            }
+    async fn enqueue_many_impl(
+        &self,
+        jobs: &[crate::NewJob],
+        now: redrive_policy::Timestamp,
+    ) -> crate::Result<Vec<crate::Enqueued>> {
+        crate::check_batch("jobs", jobs.len())?;
+        for j in jobs {
+            j.validate()?;
+        }
+        let mut tx = self.tx().await?;
+        let mut out = Vec::with_capacity(jobs.len());
+        for chunk in jobs.chunks(self.sql().enqueue_chunk) {
+            out.extend(self.enqueue_chunk_in(&mut tx, chunk, now).await?);
+        }
+        tx.commit().await?;
+        self.wake();
+        Ok(out)
+    }
 
-            pub(crate) async fn get_impl(
-                &self,
-                id: crate::JobId,
-            ) -> crate::Result<Option<crate::Job>> {
-                let row: Option<crate::rows::JobRow> =
-                    sqlx::query_as(sqlx::AssertSqlSafe(self.sql.get_job.clone()))
-                        .bind(id)
-                        .fetch_optional(&self.read)
-                        .await?;
-                row.map(|r| r.into_job()).transpose()
-            }
+    async fn get_impl(&self, id: crate::JobId) -> crate::Result<Option<crate::Job>> {
+        let row: Option<crate::rows::JobRow> =
+            sqlx::query_as(sqlx::AssertSqlSafe(self.sql().get_job.clone()))
+                .bind(id)
+                .fetch_optional(self.read_pool())
+                .await?;
+        row.map(|r| r.into_job()).transpose()
+    }
 
-            pub(crate) async fn attempts_impl(
-                &self,
-                id: crate::JobId,
-            ) -> crate::Result<Vec<crate::Attempt>> {
-                let rows: Vec<crate::rows::AttemptRow> =
-                    sqlx::query_as(sqlx::AssertSqlSafe(self.sql.attempts_of.clone()))
-                        .bind(id)
-                        .fetch_all(&self.read)
-                        .await?;
-                rows.into_iter().map(|r| r.into_attempt()).collect()
-            }
+    async fn attempts_impl(&self, id: crate::JobId) -> crate::Result<Vec<crate::Attempt>> {
+        let rows: Vec<crate::rows::AttemptRow> =
+            sqlx::query_as(sqlx::AssertSqlSafe(self.sql().attempts_of.clone()))
+                .bind(id)
+                .fetch_all(self.read_pool())
+                .await?;
+        rows.into_iter().map(|r| r.into_attempt()).collect()
+    }
 
-            /// The claim statement `p` runs and its parameters; `None` when it would claim
-            /// nothing without asking the database.
-            pub(crate) fn claim_statement(
-                &self,
-                p: &crate::ClaimParams,
-            ) -> crate::Result<Option<crate::ops::ClaimStatement>> {
-                if p.limit == 0
-                    || p.queues.is_empty()
-                    || p.kinds.as_list().is_some_and(|k| k.is_empty())
-                {
-                    return Ok(None);
-                }
-                crate::check_batch("limit", p.limit as usize)?;
-                let kinds = p.kinds.as_list().map(crate::model::json_list);
-                // One queue: an equality the claim index walks in order (no sort).
-                let (sql, queues) = if p.queues.len() == 1 {
-                    let sql = match kinds {
-                        None => self.sql.claim_one.clone(),
-                        Some(_) => self.sql.claim_one_kinds.clone(),
-                    };
-                    (sql, p.queues[0].clone())
-                } else {
-                    let list = serde_json::to_string(&p.queues).map_err(|e| {
-                        crate::StoreError::Invalid {
-                            field: "queues",
-                            value: format!("{:?}", p.queues),
-                            reason: e.to_string(),
-                        }
-                    })?;
-                    (self.sql.claim_many(p.queues.len(), kinds.is_some()), list)
-                };
-                let now = crate::model::millis(p.now);
-                Ok(Some(crate::ops::ClaimStatement {
-                    sql,
-                    now,
-                    queues,
-                    limit: i64::from(p.limit),
-                    worker: p.worker.clone(),
-                    until: now.saturating_add(crate::model::dur_ms(p.lease)),
-                    kinds,
-                }))
-            }
+    /// The claim statement `p` runs and its parameters; `None` when it would claim
+    /// nothing without asking the database.
+    fn claim_statement(&self, p: &crate::ClaimParams) -> crate::Result<Option<ClaimStatement>> {
+        if p.limit == 0 || p.queues.is_empty() || p.kinds.as_list().is_some_and(|k| k.is_empty()) {
+            return Ok(None);
+        }
+        crate::check_batch("limit", p.limit as usize)?;
+        let kinds = p.kinds.as_list().map(crate::model::json_list);
+        // One queue: an equality the claim index walks in order (no sort).
+        let (sql, queues) = if p.queues.len() == 1 {
+            let sql = match kinds {
+                None => self.sql().claim_one.clone(),
+                Some(_) => self.sql().claim_one_kinds.clone(),
+            };
+            (sql, p.queues[0].clone())
+        } else {
+            let list =
+                serde_json::to_string(&p.queues).map_err(|e| crate::StoreError::Invalid {
+                    field: "queues",
+                    value: format!("{:?}", p.queues),
+                    reason: e.to_string(),
+                })?;
+            (self.sql().claim_many(p.queues.len(), kinds.is_some()), list)
+        };
+        let now = crate::model::millis(p.now);
+        Ok(Some(ClaimStatement {
+            sql,
+            now,
+            queues,
+            limit: i64::from(p.limit),
+            worker: p.worker.clone(),
+            until: now.saturating_add(crate::model::dur_ms(p.lease)),
+            kinds,
+        }))
+    }
 
-            pub(crate) async fn claim_impl(
-                &self,
-                p: &crate::ClaimParams,
-            ) -> crate::Result<Vec<crate::Job>> {
-                let Some(st) = self.claim_statement(p)? else {
-                    return Ok(Vec::new());
-                };
-                let permit = self.claim_permit().await;
-                let q = crate::ops::bind_claim!(
-                    sqlx::query_as(sqlx::AssertSqlSafe(st.sql.clone())),
-                    st
-                );
-                let rows: Vec<crate::rows::JobRow> = q.fetch_all(&self.pool).await?;
-                drop(permit);
-                let mut jobs = rows
-                    .into_iter()
-                    .map(|r| r.into_job())
-                    .collect::<crate::Result<Vec<_>>>()?;
-                jobs.sort_by_key(|j| (j.priority, j.run_at, j.id));
-                Ok(jobs)
-            }
+    async fn claim_impl(&self, p: &crate::ClaimParams) -> crate::Result<Vec<crate::Job>> {
+        let Some(st) = self.claim_statement(p)? else {
+            return Ok(Vec::new());
+        };
+        let permit = self.claim_permit().await;
+        let q = st.bind(sqlx::query_as(sqlx::AssertSqlSafe(st.sql.clone())));
+        let rows: Vec<crate::rows::JobRow> = q.fetch_all(self.pool()).await?;
+        drop(permit);
+        let mut jobs = rows
+            .into_iter()
+            .map(|r| r.into_job())
+            .collect::<crate::Result<Vec<_>>>()?;
+        jobs.sort_by_key(|j| (j.priority, j.run_at, j.id));
+        Ok(jobs)
+    }
 
-            pub(crate) async fn complete_impl(&self, c: &crate::Completion) -> crate::Result<()> {
-                let mut results = self.complete_many_impl(std::slice::from_ref(c)).await?;
-                results.remove(0)
-            }
+    async fn complete_impl(&self, c: &crate::Completion) -> crate::Result<()> {
+        let mut results = self.complete_many_impl(std::slice::from_ref(c)).await?;
+        results.remove(0)
+    }
 
-            pub(crate) async fn complete_many_impl(
-                &self,
-                cs: &[crate::Completion],
-            ) -> crate::Result<Vec<crate::Result<()>>> {
-                crate::check_batch("completions", cs.len())?;
-                if cs.is_empty() {
-                    return Ok(Vec::new());
-                }
-                let applied = self.complete_batch(cs).await?;
-                let out = cs
-                    .iter()
-                    .map(|c| {
-                        if applied.contains(&c.lease.job_id) {
-                            Ok(())
-                        } else {
-                            Err(crate::StoreError::LeaseLost {
-                                id: c.lease.job_id,
-                                token: c.lease.token,
-                            })
-                        }
-                    })
-                    .collect();
-                if cs
-                    .iter()
-                    .any(|c| matches!(c.transition, crate::Transition::Released))
-                {
-                    self.wake();
-                }
-                Ok(out)
-            }
-
-            pub(crate) async fn heartbeat_impl(
-                &self,
-                lease: crate::Lease,
-                extend: std::time::Duration,
-                now: redrive_policy::Timestamp,
-            ) -> crate::Result<redrive_policy::Timestamp> {
-                let until = now + chrono::Duration::milliseconds(crate::model::dur_ms(extend));
-                let done = sqlx::query(sqlx::AssertSqlSafe(self.sql.heartbeat.clone()))
-                    .bind(lease.job_id)
-                    .bind(lease.token)
-                    .bind(crate::model::millis(until))
-                    .bind(crate::model::millis(now))
-                    .execute(&self.pool)
-                    .await?;
-                if done.rows_affected() == 1 {
-                    Ok(until)
+    async fn complete_many_impl(
+        &self,
+        cs: &[crate::Completion],
+    ) -> crate::Result<Vec<crate::Result<()>>> {
+        crate::check_batch("completions", cs.len())?;
+        if cs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let applied = self.complete_batch(cs).await?;
+        let out = cs
+            .iter()
+            .map(|c| {
+                if applied.contains(&c.lease.job_id) {
+                    Ok(())
                 } else {
                     Err(crate::StoreError::LeaseLost {
-                        id: lease.job_id,
-                        token: lease.token,
+                        id: c.lease.job_id,
+                        token: c.lease.token,
                     })
                 }
-            }
-
-            pub(crate) async fn cancel_impl(
-                &self,
-                id: crate::JobId,
-                now: redrive_policy::Timestamp,
-            ) -> crate::Result<crate::Job> {
-                let row: Option<crate::rows::JobRow> =
-                    sqlx::query_as(sqlx::AssertSqlSafe(self.sql.cancel.clone()))
-                        .bind(id)
-                        .bind(crate::model::millis(now))
-                        .fetch_optional(&self.pool)
-                        .await?;
-                match row {
-                    Some(r) => r.into_job(),
-                    None => match self.get_impl(id).await? {
-                        None => Err(crate::StoreError::JobNotFound { id }),
-                        Some(j) => Err(crate::StoreError::WrongState {
-                            id,
-                            state: j.state,
-                            operation: "cancel",
-                        }),
-                    },
-                }
-            }
-
-            pub(crate) async fn replay_impl(
-                &self,
-                sel: &crate::Selection,
-                now: redrive_policy::Timestamp,
-            ) -> crate::Result<u64> {
-                let now = crate::model::millis(now);
-                let done = match sel {
-                    crate::Selection::Ids(ids) => {
-                        crate::check_batch("ids", ids.len())?;
-                        sqlx::query(sqlx::AssertSqlSafe(self.sql.replay_ids.clone()))
-                            .bind(now)
-                            .bind(serde_json::to_string(ids).unwrap_or_else(|_| "[]".into()))
-                            .execute(&self.pool)
-                            .await?
-                    }
-                    crate::Selection::All { queue } => {
-                        sqlx::query(sqlx::AssertSqlSafe(self.sql.replay_all.clone()))
-                            .bind(now)
-                            .bind(queue.as_deref())
-                            .execute(&self.pool)
-                            .await?
-                    }
-                };
-                self.wake();
-                Ok(done.rows_affected())
-            }
-
-            pub(crate) async fn purge_impl(&self, sel: &crate::Selection) -> crate::Result<u64> {
-                let done = match sel {
-                    crate::Selection::Ids(ids) => {
-                        crate::check_batch("ids", ids.len())?;
-                        sqlx::query(sqlx::AssertSqlSafe(self.sql.purge_ids.clone()))
-                            .bind(serde_json::to_string(ids).unwrap_or_else(|_| "[]".into()))
-                            .execute(&self.pool)
-                            .await?
-                    }
-                    crate::Selection::All { queue } => {
-                        sqlx::query(sqlx::AssertSqlSafe(self.sql.purge_all.clone()))
-                            .bind(queue.as_deref())
-                            .execute(&self.pool)
-                            .await?
-                    }
-                };
-                Ok(done.rows_affected())
-            }
-
-            pub(crate) async fn rescue_impl(
-                &self,
-                now: redrive_policy::Timestamp,
-                limit: u32,
-            ) -> crate::Result<Vec<crate::Rescued>> {
-                let now_ms = crate::model::millis(now);
-                let mut tx = self.tx().await?;
-                let rows: Vec<(i64, String, i64, i64, String)> =
-                    sqlx::query_as(sqlx::AssertSqlSafe(self.sql.rescue.clone()))
-                        .bind(now_ms)
-                        .bind(i64::from(limit.max(1)))
-                        .fetch_all(&mut *tx)
-                        .await?;
-                let mut out = Vec::with_capacity(rows.len());
-                for (id, state, token, replay, queue) in rows {
-                    sqlx::query(sqlx::AssertSqlSafe(self.sql.rescue_attempt.clone()))
-                        .bind(id)
-                        .bind(replay)
-                        .bind(token - 1)
-                        .bind(now_ms)
-                        .execute(&mut *tx)
-                        .await?;
-                    out.push(crate::Rescued {
-                        id,
-                        queue,
-                        dead: state == "dead",
-                    });
-                }
-                tx.commit().await?;
-                if out.iter().any(|r| !r.dead) {
-                    self.wake();
-                }
-                out.sort_by_key(|r| r.id);
-                Ok(out)
-            }
-
-            pub(crate) async fn list_impl(
-                &self,
-                p: &crate::ListParams,
-            ) -> crate::Result<crate::Page> {
-                let limit = p.limit.unwrap_or(50).clamp(1, 1000);
-                let sql = match (p.state, &p.key) {
-                    // A key: its index, whatever the state (bound as `$1`).
-                    (_, Some(_)) => self.sql.list_key.clone(),
-                    (None, None) => self.sql.list.clone(),
-                    (Some(st), None) => {
-                        let i = crate::JobState::ALL
-                            .iter()
-                            .position(|s| *s == st)
-                            .unwrap_or_default();
-                        self.sql.list_state[i].clone()
-                    }
-                };
-                // Without a key the state is a literal of the statement (`$1` is NULL).
-                let state = p.key.as_ref().and(p.state).map(|s| s.as_str());
-                let q = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-                    .bind(state)
-                    .bind(p.queue.as_deref())
-                    .bind(p.dead_reason.as_deref())
-                    .bind(p.after.unwrap_or(0))
-                    .bind(i64::from(limit) + 1);
-                let q = match &p.key {
-                    Some(k) => q.bind(k.as_str()),
-                    None => q,
-                };
-                let rows: Vec<crate::rows::JobRow> = q.fetch_all(&self.read).await?;
-                let more = rows.len() > limit as usize;
-                let jobs = rows
-                    .into_iter()
-                    .take(limit as usize)
-                    .map(|r| r.into_job())
-                    .collect::<crate::Result<Vec<_>>>()?;
-                let next = if more {
-                    jobs.last().map(|j| j.id)
-                } else {
-                    None
-                };
-                Ok(crate::Page { jobs, next })
-            }
-
-            pub(crate) async fn counts_impl(&self) -> crate::Result<Vec<crate::QueueCount>> {
-                let rows: Vec<crate::rows::CountRow> =
-                    sqlx::query_as(sqlx::AssertSqlSafe(self.sql.counts.clone()))
-                        .fetch_all(&self.read)
-                        .await?;
-                rows.into_iter()
-                    .map(|r| {
-                        Ok(crate::QueueCount {
-                            state: crate::rows::state_of(&r.state)?,
-                            queue: r.queue,
-                            count: u64::try_from(r.n).unwrap_or(0),
-                        })
-                    })
-                    .collect()
-            }
-
-            pub(crate) async fn next_due_impl(
-                &self,
-                queues: &[String],
-                kinds: &crate::Kinds,
-            ) -> crate::Result<Option<redrive_policy::Timestamp>> {
-                let queues = crate::model::json_list(queues);
-                let t: Option<i64> = match kinds.as_list() {
-                    None => {
-                        sqlx::query_scalar(sqlx::AssertSqlSafe(self.sql.next_due.clone()))
-                            .bind(queues)
-                            .fetch_one(&self.read)
-                            .await?
-                    }
-                    Some([]) => None,
-                    Some(k) => {
-                        sqlx::query_scalar(sqlx::AssertSqlSafe(self.sql.next_due_kinds.clone()))
-                            .bind(queues)
-                            .bind(crate::model::json_list(k))
-                            .fetch_one(&self.read)
-                            .await?
-                    }
-                };
-                Ok(t.map(crate::model::from_millis))
-            }
-
-            pub(crate) async fn dependency_impl(
-                &self,
-                name: &str,
-            ) -> crate::Result<Option<crate::Dependency>> {
-                let row: Option<crate::rows::DepRow> =
-                    sqlx::query_as(sqlx::AssertSqlSafe(self.sql.get_dep.clone()))
-                        .bind(name)
-                        .fetch_optional(&self.read)
-                        .await?;
-                row.map(|r| r.into_dep()).transpose()
-            }
-
-            pub(crate) async fn dependencies_impl(&self) -> crate::Result<Vec<crate::Dependency>> {
-                let rows: Vec<crate::rows::DepRow> =
-                    sqlx::query_as(sqlx::AssertSqlSafe(self.sql.list_deps.clone()))
-                        .fetch_all(&self.read)
-                        .await?;
-                rows.into_iter().map(|r| r.into_dep()).collect()
-            }
-
-            pub(crate) async fn set_breaker_impl(
-                &self,
-                u: &crate::BreakerUpdate,
-            ) -> crate::Result<bool> {
-                let mut tx = self.tx().await?;
-                let now = crate::model::millis(u.now);
-                let before = match u.expect {
-                    Some(e) => Some(e),
-                    None => self
-                        .dependency_impl(&u.dependency)
-                        .await?
-                        .map(|d| d.flow.state),
-                };
-                let applied: Option<String> =
-                    sqlx::query_scalar(sqlx::AssertSqlSafe(self.sql.upsert_breaker.clone()))
-                        .bind(&u.dependency)
-                        .bind(u.state.as_str())
-                        .bind(u.open_until.map(crate::model::millis))
-                        .bind(i64::from(u.probe_permits))
-                        .bind(now)
-                        .bind(u.expect.map(|e| e.as_str()))
-                        .fetch_optional(&mut *tx)
-                        .await?;
-                let from = before.unwrap_or_default();
-                if applied.is_some() && from != u.state {
-                    sqlx::query(sqlx::AssertSqlSafe(self.sql.insert_event.clone()))
-                        .bind(&u.dependency)
-                        .bind(now)
-                        .bind(from.as_str())
-                        .bind(u.state.as_str())
-                        .bind(&u.reason)
-                        .execute(&mut *tx)
-                        .await?;
-                }
-                tx.commit().await?;
-                if applied.is_some() && u.state != redrive_policy::BreakerState::Open {
-                    self.wake();
-                }
-                Ok(applied.is_some())
-            }
-
-            pub(crate) async fn update_dependency_impl(
-                &self,
-                w: &crate::DependencyWrite,
-            ) -> crate::Result<Option<i64>> {
-                use crate::model::millis;
-                let f = &w.flow;
-                let now = millis(w.now);
-                let sql = match w.expect_version {
-                    None => self.sql.insert_dep.clone(),
-                    Some(_) => self.sql.update_dep.clone(),
-                };
-                let mut tx = self.tx().await?;
-                let q = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-                    .bind(&w.dependency)
-                    .bind(f.state.as_str())
-                    .bind(f.open_until.map(millis))
-                    .bind(i64::from(f.probe_permits))
-                    .bind(f.paused_until.map(millis))
-                    .bind(crate::model::pause_reason_str(f.pause_reason))
-                    .bind(now)
-                    .bind(f.mode.as_str())
-                    .bind(i64::from(f.openings))
-                    .bind(i64::from(f.probe_successes))
-                    .bind(i64::from(f.probe_failures))
-                    .bind(f.round_started.map(millis))
-                    .bind(f.rate)
-                    .bind(f.tat.map(|t| t.timestamp_micros()))
-                    .bind(f.rate_cut_at.map(millis))
-                    .bind(f.rate_cap)
-                    .bind(f.rate_raised_at.map(millis));
-                // The insert takes no version: the row must not exist yet.
-                let q = match w.expect_version {
-                    Some(v) => q.bind(v),
-                    None => q,
-                };
-                let version: Option<i64> = q.fetch_optional(&mut *tx).await?;
-                if version.is_some()
-                    && let Some((from, to, reason)) = &w.transition
-                {
-                    sqlx::query(sqlx::AssertSqlSafe(self.sql.insert_event.clone()))
-                        .bind(&w.dependency)
-                        .bind(now)
-                        .bind(from.as_str())
-                        .bind(to.as_str())
-                        .bind(reason)
-                        .execute(&mut *tx)
-                        .await?;
-                }
-                tx.commit().await?;
-                if version.is_some()
-                    && w.transition
-                        .as_ref()
-                        .is_some_and(|(_, to, _)| *to != redrive_policy::BreakerState::Open)
-                {
-                    self.wake();
-                }
-                Ok(version)
-            }
-
-            pub(crate) async fn events_impl(
-                &self,
-                dependency: Option<&str>,
-                limit: u32,
-            ) -> crate::Result<Vec<crate::DependencyEvent>> {
-                let rows: Vec<crate::rows::EventRow> =
-                    sqlx::query_as(sqlx::AssertSqlSafe(self.sql.events.clone()))
-                        .bind(dependency)
-                        .bind(i64::from(limit.clamp(1, 10_000)))
-                        .fetch_all(&self.read)
-                        .await?;
-                rows.into_iter().map(|r| r.into_event()).collect()
-            }
-
-            pub(crate) async fn pause_impl(
-                &self,
-                dependency: &str,
-                until: redrive_policy::Timestamp,
-                reason: redrive_policy::PauseReason,
-                now: redrive_policy::Timestamp,
-            ) -> crate::Result<()> {
-                sqlx::query(sqlx::AssertSqlSafe(self.sql.pause.clone()))
-                    .bind(dependency)
-                    .bind(crate::model::millis(until))
-                    .bind(reason.as_str())
-                    .bind(crate::model::millis(now))
-                    .execute(&self.pool)
-                    .await?;
-                Ok(())
-            }
-
-            pub(crate) async fn unpause_impl(
-                &self,
-                dependency: &str,
-                now: redrive_policy::Timestamp,
-            ) -> crate::Result<()> {
-                sqlx::query(sqlx::AssertSqlSafe(self.sql.unpause.clone()))
-                    .bind(dependency)
-                    .bind(crate::model::millis(now))
-                    .execute(&self.pool)
-                    .await?;
-                self.wake();
-                Ok(())
-            }
+            })
+            .collect();
+        if cs
+            .iter()
+            .any(|c| matches!(c.transition, crate::Transition::Released))
+        {
+            self.wake();
         }
-    };
-}
+        Ok(out)
+    }
 
-pub(crate) use shared_ops;
+    async fn heartbeat_impl(
+        &self,
+        lease: crate::Lease,
+        extend: std::time::Duration,
+        now: redrive_policy::Timestamp,
+    ) -> crate::Result<redrive_policy::Timestamp> {
+        let until = now + chrono::Duration::milliseconds(crate::model::dur_ms(extend));
+        let done = sqlx::query(sqlx::AssertSqlSafe(self.sql().heartbeat.clone()))
+            .bind(lease.job_id)
+            .bind(lease.token)
+            .bind(crate::model::millis(until))
+            .bind(crate::model::millis(now))
+            .execute(self.pool())
+            .await?;
+        if Self::rows_affected(&done) == 1 {
+            Ok(until)
+        } else {
+            Err(crate::StoreError::LeaseLost {
+                id: lease.job_id,
+                token: lease.token,
+            })
+        }
+    }
+
+    async fn cancel_impl(
+        &self,
+        id: crate::JobId,
+        now: redrive_policy::Timestamp,
+    ) -> crate::Result<crate::Job> {
+        let row: Option<crate::rows::JobRow> =
+            sqlx::query_as(sqlx::AssertSqlSafe(self.sql().cancel.clone()))
+                .bind(id)
+                .bind(crate::model::millis(now))
+                .fetch_optional(self.pool())
+                .await?;
+        match row {
+            Some(r) => r.into_job(),
+            None => match self.get_impl(id).await? {
+                None => Err(crate::StoreError::JobNotFound { id }),
+                Some(j) => Err(crate::StoreError::WrongState {
+                    id,
+                    state: j.state,
+                    operation: "cancel",
+                }),
+            },
+        }
+    }
+
+    async fn replay_impl(
+        &self,
+        sel: &crate::Selection,
+        now: redrive_policy::Timestamp,
+    ) -> crate::Result<u64> {
+        let now = crate::model::millis(now);
+        let done = match sel {
+            crate::Selection::Ids(ids) => {
+                crate::check_batch("ids", ids.len())?;
+                sqlx::query(sqlx::AssertSqlSafe(self.sql().replay_ids.clone()))
+                    .bind(now)
+                    .bind(serde_json::to_string(ids).unwrap_or_else(|_| "[]".into()))
+                    .execute(self.pool())
+                    .await?
+            }
+            crate::Selection::All { queue } => {
+                sqlx::query(sqlx::AssertSqlSafe(self.sql().replay_all.clone()))
+                    .bind(now)
+                    .bind(queue.as_deref())
+                    .execute(self.pool())
+                    .await?
+            }
+        };
+        self.wake();
+        Ok(Self::rows_affected(&done))
+    }
+
+    async fn purge_impl(&self, sel: &crate::Selection) -> crate::Result<u64> {
+        let done = match sel {
+            crate::Selection::Ids(ids) => {
+                crate::check_batch("ids", ids.len())?;
+                sqlx::query(sqlx::AssertSqlSafe(self.sql().purge_ids.clone()))
+                    .bind(serde_json::to_string(ids).unwrap_or_else(|_| "[]".into()))
+                    .execute(self.pool())
+                    .await?
+            }
+            crate::Selection::All { queue } => {
+                sqlx::query(sqlx::AssertSqlSafe(self.sql().purge_all.clone()))
+                    .bind(queue.as_deref())
+                    .execute(self.pool())
+                    .await?
+            }
+        };
+        Ok(Self::rows_affected(&done))
+    }
+
+    async fn rescue_impl(
+        &self,
+        now: redrive_policy::Timestamp,
+        limit: u32,
+    ) -> crate::Result<Vec<crate::Rescued>> {
+        let now_ms = crate::model::millis(now);
+        let mut tx = self.tx().await?;
+        let rows: Vec<(i64, String, i64, i64, String)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(self.sql().rescue.clone()))
+                .bind(now_ms)
+                .bind(i64::from(limit.max(1)))
+                .fetch_all(&mut *tx)
+                .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for (id, state, token, replay, queue) in rows {
+            sqlx::query(sqlx::AssertSqlSafe(self.sql().rescue_attempt.clone()))
+                .bind(id)
+                .bind(replay)
+                .bind(token - 1)
+                .bind(now_ms)
+                .execute(&mut *tx)
+                .await?;
+            out.push(crate::Rescued {
+                id,
+                queue,
+                dead: state == "dead",
+            });
+        }
+        tx.commit().await?;
+        if out.iter().any(|r| !r.dead) {
+            self.wake();
+        }
+        out.sort_by_key(|r| r.id);
+        Ok(out)
+    }
+
+    async fn list_impl(&self, p: &crate::ListParams) -> crate::Result<crate::Page> {
+        let limit = p.limit.unwrap_or(50).clamp(1, 1000);
+        let sql = match (p.state, &p.key) {
+            // A key: its index, whatever the state (bound as `$1`).
+            (_, Some(_)) => self.sql().list_key.clone(),
+            (None, None) => self.sql().list.clone(),
+            (Some(st), None) => {
+                let i = crate::JobState::ALL
+                    .iter()
+                    .position(|s| *s == st)
+                    .unwrap_or_default();
+                self.sql().list_state[i].clone()
+            }
+        };
+        // Without a key the state is a literal of the statement (`$1` is NULL).
+        let state = p.key.as_ref().and(p.state).map(|s| s.as_str());
+        let q = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(state)
+            .bind(p.queue.as_deref())
+            .bind(p.dead_reason.as_deref())
+            .bind(p.after.unwrap_or(0))
+            .bind(i64::from(limit) + 1);
+        let q = match &p.key {
+            Some(k) => q.bind(k.as_str()),
+            None => q,
+        };
+        let rows: Vec<crate::rows::JobRow> = q.fetch_all(self.read_pool()).await?;
+        let more = rows.len() > limit as usize;
+        let jobs = rows
+            .into_iter()
+            .take(limit as usize)
+            .map(|r| r.into_job())
+            .collect::<crate::Result<Vec<_>>>()?;
+        let next = if more {
+            jobs.last().map(|j| j.id)
+        } else {
+            None
+        };
+        Ok(crate::Page { jobs, next })
+    }
+
+    async fn counts_impl(&self) -> crate::Result<Vec<crate::QueueCount>> {
+        let rows: Vec<crate::rows::CountRow> =
+            sqlx::query_as(sqlx::AssertSqlSafe(self.sql().counts.clone()))
+                .fetch_all(self.read_pool())
+                .await?;
+        rows.into_iter()
+            .map(|r| {
+                Ok(crate::QueueCount {
+                    state: crate::rows::state_of(&r.state)?,
+                    queue: r.queue,
+                    count: u64::try_from(r.n).unwrap_or(0),
+                })
+            })
+            .collect()
+    }
+
+    async fn next_due_impl(
+        &self,
+        queues: &[String],
+        kinds: &crate::Kinds,
+    ) -> crate::Result<Option<redrive_policy::Timestamp>> {
+        let queues = crate::model::json_list(queues);
+        let t: Option<i64> = match kinds.as_list() {
+            None => {
+                sqlx::query_scalar(sqlx::AssertSqlSafe(self.sql().next_due.clone()))
+                    .bind(queues)
+                    .fetch_one(self.read_pool())
+                    .await?
+            }
+            Some([]) => None,
+            Some(k) => {
+                sqlx::query_scalar(sqlx::AssertSqlSafe(self.sql().next_due_kinds.clone()))
+                    .bind(queues)
+                    .bind(crate::model::json_list(k))
+                    .fetch_one(self.read_pool())
+                    .await?
+            }
+        };
+        Ok(t.map(crate::model::from_millis))
+    }
+
+    async fn dependency_impl(&self, name: &str) -> crate::Result<Option<crate::Dependency>> {
+        let row: Option<crate::rows::DepRow> =
+            sqlx::query_as(sqlx::AssertSqlSafe(self.sql().get_dep.clone()))
+                .bind(name)
+                .fetch_optional(self.read_pool())
+                .await?;
+        row.map(|r| r.into_dep()).transpose()
+    }
+
+    async fn dependencies_impl(&self) -> crate::Result<Vec<crate::Dependency>> {
+        let rows: Vec<crate::rows::DepRow> =
+            sqlx::query_as(sqlx::AssertSqlSafe(self.sql().list_deps.clone()))
+                .fetch_all(self.read_pool())
+                .await?;
+        rows.into_iter().map(|r| r.into_dep()).collect()
+    }
+
+    async fn set_breaker_impl(&self, u: &crate::BreakerUpdate) -> crate::Result<bool> {
+        let mut tx = self.tx().await?;
+        let now = crate::model::millis(u.now);
+        let before = match u.expect {
+            Some(e) => Some(e),
+            None => self
+                .dependency_impl(&u.dependency)
+                .await?
+                .map(|d| d.flow.state),
+        };
+        let applied: Option<String> =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(self.sql().upsert_breaker.clone()))
+                .bind(&u.dependency)
+                .bind(u.state.as_str())
+                .bind(u.open_until.map(crate::model::millis))
+                .bind(i64::from(u.probe_permits))
+                .bind(now)
+                .bind(u.expect.map(|e| e.as_str()))
+                .fetch_optional(&mut *tx)
+                .await?;
+        let from = before.unwrap_or_default();
+        if applied.is_some() && from != u.state {
+            sqlx::query(sqlx::AssertSqlSafe(self.sql().insert_event.clone()))
+                .bind(&u.dependency)
+                .bind(now)
+                .bind(from.as_str())
+                .bind(u.state.as_str())
+                .bind(&u.reason)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        if applied.is_some() && u.state != redrive_policy::BreakerState::Open {
+            self.wake();
+        }
+        Ok(applied.is_some())
+    }
+
+    async fn update_dependency_impl(
+        &self,
+        w: &crate::DependencyWrite,
+    ) -> crate::Result<Option<i64>> {
+        use crate::model::millis;
+        let f = &w.flow;
+        let now = millis(w.now);
+        let sql = match w.expect_version {
+            None => self.sql().insert_dep.clone(),
+            Some(_) => self.sql().update_dep.clone(),
+        };
+        let mut tx = self.tx().await?;
+        let q = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(&w.dependency)
+            .bind(f.state.as_str())
+            .bind(f.open_until.map(millis))
+            .bind(i64::from(f.probe_permits))
+            .bind(f.paused_until.map(millis))
+            .bind(crate::model::pause_reason_str(f.pause_reason))
+            .bind(now)
+            .bind(f.mode.as_str())
+            .bind(i64::from(f.openings))
+            .bind(i64::from(f.probe_successes))
+            .bind(i64::from(f.probe_failures))
+            .bind(f.round_started.map(millis))
+            .bind(f.rate)
+            .bind(f.tat.map(|t| t.timestamp_micros()))
+            .bind(f.rate_cut_at.map(millis))
+            .bind(f.rate_cap)
+            .bind(f.rate_raised_at.map(millis));
+        // The insert takes no version: the row must not exist yet.
+        let q = match w.expect_version {
+            Some(v) => q.bind(v),
+            None => q,
+        };
+        let version: Option<i64> = q.fetch_optional(&mut *tx).await?;
+        if version.is_some()
+            && let Some((from, to, reason)) = &w.transition
+        {
+            sqlx::query(sqlx::AssertSqlSafe(self.sql().insert_event.clone()))
+                .bind(&w.dependency)
+                .bind(now)
+                .bind(from.as_str())
+                .bind(to.as_str())
+                .bind(reason)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        if version.is_some()
+            && w.transition
+                .as_ref()
+                .is_some_and(|(_, to, _)| *to != redrive_policy::BreakerState::Open)
+        {
+            self.wake();
+        }
+        Ok(version)
+    }
+
+    async fn events_impl(
+        &self,
+        dependency: Option<&str>,
+        limit: u32,
+    ) -> crate::Result<Vec<crate::DependencyEvent>> {
+        let rows: Vec<crate::rows::EventRow> =
+            sqlx::query_as(sqlx::AssertSqlSafe(self.sql().events.clone()))
+                .bind(dependency)
+                .bind(i64::from(limit.clamp(1, 10_000)))
+                .fetch_all(self.read_pool())
+                .await?;
+        rows.into_iter().map(|r| r.into_event()).collect()
+    }
+
+    async fn pause_impl(
+        &self,
+        dependency: &str,
+        until: redrive_policy::Timestamp,
+        reason: redrive_policy::PauseReason,
+        now: redrive_policy::Timestamp,
+    ) -> crate::Result<()> {
+        sqlx::query(sqlx::AssertSqlSafe(self.sql().pause.clone()))
+            .bind(dependency)
+            .bind(crate::model::millis(until))
+            .bind(reason.as_str())
+            .bind(crate::model::millis(now))
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+
+    async fn unpause_impl(
+        &self,
+        dependency: &str,
+        now: redrive_policy::Timestamp,
+    ) -> crate::Result<()> {
+        sqlx::query(sqlx::AssertSqlSafe(self.sql().unpause.clone()))
+            .bind(dependency)
+            .bind(crate::model::millis(now))
+            .execute(self.pool())
+            .await?;
+        self.wake();
+        Ok(())
+    }
+}
 
 /// A claim statement and its parameters (`$1` now, `$2` the queue or a JSON list of queues,
 /// `$3` limit, `$4` worker, `$5` lease end, `$6` the kinds' JSON list when filtered).
 pub(crate) struct ClaimStatement {
-    pub(crate) sql: std::sync::Arc<str>,
+    pub(crate) sql: Arc<str>,
     pub(crate) now: i64,
     pub(crate) queues: String,
     pub(crate) limit: i64,
@@ -600,22 +647,27 @@ pub(crate) struct ClaimStatement {
     pub(crate) kinds: Option<String>,
 }
 
-/// Binds a [`ClaimStatement`]'s parameters to a query of any output type.
-macro_rules! bind_claim {
-    ($q:expr, $st:expr) => {{
-        let st = &$st;
-        let q = $q
-            .bind(st.now)
-            .bind(st.queues.clone())
-            .bind(st.limit)
-            .bind(st.worker.clone())
-            .bind(st.until);
+impl ClaimStatement {
+    /// Binds the parameters to `q` (this statement, or a plan of it), whatever its rows.
+    pub(crate) fn bind<'q, DB, O>(
+        &self,
+        q: QueryAs<'q, DB, O, <DB as Database>::Arguments>,
+    ) -> QueryAs<'q, DB, O, <DB as Database>::Arguments>
+    where
+        DB: Database,
+        i64: Encode<'q, DB> + Type<DB>,
+        String: Encode<'q, DB> + Type<DB>,
+    {
+        let q = q
+            .bind(self.now)
+            .bind(self.queues.clone())
+            .bind(self.limit)
+            .bind(self.worker.clone())
+            .bind(self.until);
         // The kinds' list is a parameter only of the statements that filter on it.
-        match &st.kinds {
+        match &self.kinds {
             Some(k) => q.bind(k.clone()),
             None => q,
         }
-    }};
+    }
 }
-
-pub(crate) use bind_claim;

@@ -4,9 +4,10 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgQueryResult};
 use sqlx::{Executor, PgConnection, PgPool, Postgres, Transaction};
 
+use crate::ops::Backend;
 use crate::sql::{Dialect, Sql};
 use crate::{Result, StoreError};
 
@@ -156,6 +157,17 @@ impl PgStore {
         &self.pool
     }
 
+    /// Enqueues one job on the caller's own connection or transaction, so that it commits
+    /// (or rolls back) together with the caller's rows.
+    pub async fn enqueue_in(
+        &self,
+        conn: &mut PgConnection,
+        job: &crate::NewJob,
+        now: redrive_policy::Timestamp,
+    ) -> Result<crate::Enqueued> {
+        self.enqueue_in_impl(conn, job, now).await
+    }
+
     /// The schema the store lives in.
     pub fn schema(&self) -> &str {
         &self.schema
@@ -179,12 +191,81 @@ impl PgStore {
         Ok(())
     }
 
-    pub(crate) async fn tx(&self) -> Result<Transaction<'static, Postgres>> {
+    /// The plan PostgreSQL chooses (`EXPLAIN`, one line per row; nothing is written) for the
+    /// statement that completes the batch `cs`: for checks that it reaches the jobs by
+    /// primary key whatever the statistics say.
+    ///
+    /// # Errors
+    /// The database's.
+    pub async fn complete_plan(&self, cs: &[crate::Completion]) -> Result<Vec<String>> {
+        let rows: Vec<crate::batch::CompletionRow> =
+            cs.iter().map(crate::batch::CompletionRow::of).collect();
+        let sql = format!("EXPLAIN {COMPLETE_SQL}");
+        Ok(bind_completions!(
+            sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql)),
+            rows
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Turns NOTIFYs from any process into local wake-ups; reconnects with a pause on errors.
+    fn spawn_listener(&self) {
+        let pool = self.pool.clone();
+        let wake = Arc::downgrade(&self.wake);
+        let channel = format!("redrive_jobs_{}", self.schema);
+        tokio::spawn(async move {
+            loop {
+                if wake.strong_count() == 0 {
+                    return;
+                }
+                if let Ok(mut listener) = PgListener::connect_with(&pool).await
+                    && listener.listen(&channel).await.is_ok()
+                {
+                    {
+                        loop {
+                            let got =
+                                tokio::time::timeout(Duration::from_secs(1), listener.recv()).await;
+                            let Some(w) = wake.upgrade() else { return };
+                            match got {
+                                Ok(Ok(_)) => w.send_modify(|v| *v = v.wrapping_add(1)),
+                                Ok(Err(_)) => break,
+                                Err(_) => {}
+                            }
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
+    }
+}
+
+impl Backend for PgStore {
+    type Db = Postgres;
+
+    fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    fn read_pool(&self) -> &PgPool {
+        &self.read
+    }
+
+    fn sql(&self) -> &Sql {
+        &self.sql
+    }
+
+    fn rows_affected(done: &PgQueryResult) -> u64 {
+        done.rows_affected()
+    }
+
+    async fn tx(&self) -> Result<Transaction<'static, Postgres>> {
         Ok(self.pool.begin().await?)
     }
 
     /// One `INSERT … SELECT FROM UNNEST(arrays)`: fourteen parameters whatever the chunk size.
-    pub(crate) async fn insert_chunk(
+    async fn insert_chunk(
         &self,
         conn: &mut PgConnection,
         chunk: &[crate::NewJob],
@@ -240,7 +321,7 @@ impl PgStore {
     /// A batch of fenced completions as one statement (so no explicit transaction): the rows
     /// go in as one array per column; the update is fenced on id, token and `running`, and the
     /// attempts are inserted for exactly the rows it updated. Returns the ids that applied.
-    pub(crate) async fn complete_batch(
+    async fn complete_batch(
         &self,
         cs: &[crate::Completion],
     ) -> Result<std::collections::HashSet<i64>> {
@@ -252,30 +333,12 @@ impl PgStore {
         Ok(applied.into_iter().collect())
     }
 
-    /// The plan PostgreSQL chooses (`EXPLAIN`, one line per row; nothing is written) for the
-    /// statement that completes the batch `cs`: for checks that it reaches the jobs by
-    /// primary key whatever the statistics say.
-    ///
-    /// # Errors
-    /// The database's.
-    pub async fn complete_plan(&self, cs: &[crate::Completion]) -> Result<Vec<String>> {
-        let rows: Vec<crate::batch::CompletionRow> =
-            cs.iter().map(crate::batch::CompletionRow::of).collect();
-        let sql = format!("EXPLAIN {COMPLETE_SQL}");
-        Ok(bind_completions!(
-            sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql)),
-            rows
-        )
-        .fetch_all(&self.pool)
-        .await?)
-    }
-
     /// Waits for one of the process's claim permits (held for the claim statement only).
-    pub(crate) async fn claim_permit(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+    async fn claim_permit(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
         self.claims.acquire().await.ok()
     }
 
-    pub(crate) fn wake(&self) {
+    fn wake(&self) {
         self.wake.send_modify(|v| *v = v.wrapping_add(1));
         let pool = self.pool.clone();
         let channel = format!("redrive_jobs_{}", self.schema);
@@ -284,37 +347,6 @@ impl PgStore {
                 .bind(channel)
                 .execute(&pool)
                 .await;
-        });
-    }
-
-    /// Turns NOTIFYs from any process into local wake-ups; reconnects with a pause on errors.
-    fn spawn_listener(&self) {
-        let pool = self.pool.clone();
-        let wake = Arc::downgrade(&self.wake);
-        let channel = format!("redrive_jobs_{}", self.schema);
-        tokio::spawn(async move {
-            loop {
-                if wake.strong_count() == 0 {
-                    return;
-                }
-                if let Ok(mut listener) = PgListener::connect_with(&pool).await
-                    && listener.listen(&channel).await.is_ok()
-                {
-                    {
-                        loop {
-                            let got =
-                                tokio::time::timeout(Duration::from_secs(1), listener.recv()).await;
-                            let Some(w) = wake.upgrade() else { return };
-                            match got {
-                                Ok(Ok(_)) => w.send_modify(|v| *v = v.wrapping_add(1)),
-                                Ok(Err(_)) => break,
-                                Err(_) => {}
-                            }
-                        }
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
         });
     }
 }
@@ -372,5 +404,4 @@ const COMPLETE_SQL: &str = "WITH upd AS (UPDATE redrive_jobs t SET state = v.sta
     FROM upd u WHERE u.has_attempt) \
   SELECT id FROM upd";
 
-crate::ops::shared_ops!(PgStore, Postgres, PgConnection);
 crate::operator::operator_ops!(PgStore, crate::sql::Dialect::Postgres);

@@ -17,6 +17,7 @@ use redrive_policy::{DeclineAdvice, Network, QuotaExhausted, QuotaRules, QuotaWi
 use serde::Serialize;
 
 use crate::model::{from_millis, millis};
+use crate::ops::Backend as _;
 use crate::{JobId, Result, Store, StoreError};
 
 /// A decline to record with its advice.

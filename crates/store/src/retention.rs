@@ -18,6 +18,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::model::{JobState, dur_ms, millis};
+use crate::ops::Backend as _;
 use crate::{Result, Store, StoreError, Timestamp, check_batch};
 
 /// The states a job can be pruned in: finished ones.

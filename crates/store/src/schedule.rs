@@ -24,6 +24,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::model::{JobId, NewJob, dur_ms, from_millis, millis};
+use crate::ops::Backend as _;
 use crate::{Result, Store, StoreError, Timestamp};
 
 /// A tick handled within this long after its time is on time; later it is missed and follows

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use crate::model::millis;
+use crate::ops::Backend as _;
 use crate::{ClaimParams, Result, Store, StoreError, Timestamp};
 
 /// Rows written per statement: big enough that a million rows are a few statements, small
@@ -179,11 +180,9 @@ impl Store {
                     return Ok(Vec::new());
                 };
                 let sql: Arc<str> = Arc::from(format!("EXPLAIN {}", st.sql));
-                let q = crate::ops::bind_claim!(
-                    sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql)),
-                    st
-                );
-                Ok(q.fetch_all(&s.pool).await?)
+                let q = st.bind(sqlx::query_as::<_, (String,)>(sqlx::AssertSqlSafe(sql)));
+                let rows = q.fetch_all(&s.pool).await?;
+                Ok(rows.into_iter().map(|(line,)| line).collect())
             }
             #[cfg(feature = "sqlite")]
             Store::Sqlite(s) => {
@@ -191,10 +190,9 @@ impl Store {
                     return Ok(Vec::new());
                 };
                 let sql: Arc<str> = Arc::from(format!("EXPLAIN QUERY PLAN {}", st.sql));
-                let q = crate::ops::bind_claim!(
-                    sqlx::query_as::<_, (i64, i64, i64, String)>(sqlx::AssertSqlSafe(sql)),
-                    st
-                );
+                let q = st.bind(sqlx::query_as::<_, (i64, i64, i64, String)>(
+                    sqlx::AssertSqlSafe(sql),
+                ));
                 // Rows come parent first; each is indented two spaces per level, as the
                 // sqlite3 shell shows them.
                 let mut depth = std::collections::HashMap::new();

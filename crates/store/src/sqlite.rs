@@ -4,9 +4,13 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteQueryResult,
+    SqliteSynchronous,
+};
 use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
 
+use crate::ops::Backend;
 use crate::sql::{Dialect, Sql};
 use crate::{Result, StoreError};
 
@@ -148,13 +152,44 @@ impl SqliteStore {
         &self.pool
     }
 
-    pub(crate) async fn tx(&self) -> Result<Transaction<'static, Sqlite>> {
+    /// Enqueues one job on the caller's own connection or transaction, so that it commits
+    /// (or rolls back) together with the caller's rows.
+    pub async fn enqueue_in(
+        &self,
+        conn: &mut SqliteConnection,
+        job: &crate::NewJob,
+        now: redrive_policy::Timestamp,
+    ) -> Result<crate::Enqueued> {
+        self.enqueue_in_impl(conn, job, now).await
+    }
+}
+
+impl Backend for SqliteStore {
+    type Db = Sqlite;
+
+    fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    fn read_pool(&self) -> &SqlitePool {
+        &self.read
+    }
+
+    fn sql(&self) -> &Sql {
+        &self.sql
+    }
+
+    fn rows_affected(done: &SqliteQueryResult) -> u64 {
+        done.rows_affected()
+    }
+
+    async fn tx(&self) -> Result<Transaction<'static, Sqlite>> {
         Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
     }
 
     /// One `INSERT … SELECT … FROM json_each($1)`: the whole chunk is one JSON text parameter
     /// (sqlx binds SQLite parameters in time that grows with the square of their number).
-    pub(crate) async fn insert_chunk(
+    async fn insert_chunk(
         &self,
         conn: &mut SqliteConnection,
         chunk: &[crate::NewJob],
@@ -194,7 +229,7 @@ impl SqliteStore {
     /// lease still holds, then the jobs' update (same fence), each as statements over a
     /// `VALUES` list of bound parameters, in chunks of [`COMPLETION_CHUNKS`] rows so that a
     /// few prepared statements serve every batch size. Returns the ids that applied.
-    pub(crate) async fn complete_batch(
+    async fn complete_batch(
         &self,
         cs: &[crate::Completion],
     ) -> Result<std::collections::HashSet<i64>> {
@@ -251,11 +286,11 @@ impl SqliteStore {
     }
 
     /// Claims need no gate here: there is one writer connection.
-    pub(crate) async fn claim_permit(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+    async fn claim_permit(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
         None
     }
 
-    pub(crate) fn wake(&self) {
+    fn wake(&self) {
         self.wake.send_modify(|v| *v = v.wrapping_add(1));
     }
 }
@@ -379,8 +414,6 @@ fn split_synchronous(url: &str) -> Result<(String, SqliteSynchronous)> {
     };
     Ok((base, sync))
 }
-
-crate::ops::shared_ops!(SqliteStore, Sqlite, SqliteConnection);
 
 #[cfg(test)]
 mod tests {
