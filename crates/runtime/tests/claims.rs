@@ -62,6 +62,7 @@ async fn max_jobs_exact(store: Store) {
             .max_jobs(Some(max))
             .gauge_interval(None)
             .build()
+            .unwrap()
             .run_until_idle()
             .await
             .unwrap();
@@ -120,7 +121,8 @@ async fn shutdown_with_claims_in_flight(store: Store) {
         .claim_batch(2)
         .gauge_interval(None)
         .shutdown_grace(Duration::from_secs(10))
-        .build();
+        .build()
+        .unwrap();
     let sum = tokio::time::timeout(Duration::from_secs(30), worker.run(stop))
         .await
         .expect("the worker stops")
