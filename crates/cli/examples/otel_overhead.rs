@@ -135,7 +135,7 @@ async fn drain(n: usize) -> anyhow::Result<f64> {
     let worker = Worker::builder(store, vec!["bench".into()])
         .handler("noop", Arc::new(Noop))
         .concurrency(8)
-        .build();
+        .build()?;
     let t0 = Instant::now();
     let s = worker.run_until_idle().await?;
     let took = t0.elapsed().as_secs_f64();

@@ -151,7 +151,7 @@ async fn drain(
         .scheduler(None)
         .retention(retention)
         .name("bench-worker")
-        .build();
+        .build()?;
     let t = Instant::now();
     let s = w.run_until_idle().await?;
     let secs = t.elapsed().as_secs_f64();

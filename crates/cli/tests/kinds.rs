@@ -100,7 +100,8 @@ fn a_charge_job_waits_for_a_worker_that_runs_charge() {
             .handler("charge", handler)
             .name("charge-worker")
             .concurrency(1)
-            .build();
+            .build()
+            .unwrap();
         assert_eq!(worker.kinds(), Kinds::only(["charge"]));
         let sum = worker.run_until_idle().await.unwrap();
         assert_eq!((sum.succeeded, sum.attempts), (1, 1));

@@ -305,8 +305,8 @@ mod tests {
                 &json!({"network": "mastercard", "response_code": "51", "advice_code": "25"}),
             )
             .unwrap();
-        assert_eq!(a.network, Network::Mastercard);
-        assert_eq!(a.advice_code, Some(25));
+        assert_eq!(a.network(), Network::Mastercard);
+        assert_eq!(a.advice_code(), Some(25));
         assert_eq!(
             a.rule(),
             DeclineRule::RetryAfter(Duration::from_secs(86_400))
@@ -314,7 +314,7 @@ mod tests {
         let a = m
             .advice(402, &json!({"network": "visa", "response_code": "14"}))
             .unwrap();
-        assert_eq!((a.category, a.rule()), (Some(1), DeclineRule::NeverRetry));
+        assert_eq!((a.category(), a.rule()), (Some(1), DeclineRule::NeverRetry));
         // Not a decline status, or no mapped field: not a decline.
         assert_eq!(m.advice(400, &json!({"network": "visa"})), None);
         assert_eq!(m.advice(402, &json!({"error": "nope"})), None);
@@ -326,7 +326,7 @@ mod tests {
         let body = json!({"error": {"type": "card_error", "decline_code": "insufficient_funds",
             "network_decline_code": "51", "network": "mastercard", "advice_code": "02"}});
         let a = m.advice(402, &body).unwrap();
-        assert_eq!((a.category, a.advice_code), (Some(2), Some(2)));
+        assert_eq!((a.category(), a.advice_code()), (Some(2), Some(2)));
         assert_eq!(a.rule(), DeclineRule::RetryLater);
         let body = json!({"error": {"decline_code": "previously_declined_do_not_retry"}});
         assert_eq!(
@@ -334,7 +334,7 @@ mod tests {
             DeclineRule::NeverRetry
         );
         let body = json!({"error": {"decline_code": "generic_decline", "network": "visa"}});
-        assert_eq!(m.advice(402, &body).unwrap().category, Some(4));
+        assert_eq!(m.advice(402, &body).unwrap().category(), Some(4));
     }
 
     #[test]
@@ -344,8 +344,8 @@ mod tests {
             "additionalData": {"paymentMethod": "mc", "refusalReasonRaw": "05 : Do not honor",
             "merchantAdviceCode": "21: Payment Cancellation"}});
         let a = m.advice(200, &body).unwrap();
-        assert_eq!(a.network, Network::Mastercard);
-        assert_eq!(a.code.unwrap().as_str(), "05");
+        assert_eq!(a.network(), Network::Mastercard);
+        assert_eq!(a.code().unwrap().as_str(), "05");
         assert_eq!(a.rule(), DeclineRule::RecurringStopped);
         // An authorised answer carries none of the fields: not a decline.
         let ok = json!({"resultCode": "Authorised", "additionalData": {"paymentMethod": "visa"}});

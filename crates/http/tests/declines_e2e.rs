@@ -26,15 +26,10 @@ const MIX: &str = "visa1:0.15,visa2:0.3,visa3:0.05,visa4:0.1,mc01:0.05,mc02:0.1,
 /// clock and the simulator's differ by the network's latency; the windows here are longer than
 /// the run, so the quotas bind by count and every job ends inside it.
 fn quotas() -> QuotaRules {
-    let w = |max, secs| QuotaWindow {
-        max,
-        window: Duration::from_secs(secs),
-    };
+    let w = |max, secs| QuotaWindow::new(max, Duration::from_secs(secs)).unwrap();
     QuotaRules::none()
         .with(Network::Visa, vec![w(3, 3600)])
-        .unwrap()
         .with(Network::Mastercard, vec![w(2, 600), w(3, 3600)])
-        .unwrap()
 }
 
 fn policies() -> PolicySet {
@@ -107,7 +102,8 @@ async fn run(jobs: u64, cards: u64, http: HttpJob, seed: u64) -> Outcome {
         .policies(set)
         .concurrency(16)
         .seed(seed)
-        .build();
+        .build()
+        .unwrap();
     let started = Instant::now();
     let mut succeeded = 0;
     let mut by_state = BTreeMap::new();

@@ -78,6 +78,7 @@ async fn run(store: &Store, job: HttpJob) {
     Worker::builder(store.clone(), vec!["q".into()])
         .handler("http", Arc::new(job))
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();

@@ -55,7 +55,8 @@ async fn bad_day(layer: bool) -> (redrive_psp_sim::Stats, u64, Store, tempfile::
         .handler("http", Arc::new(HttpJob::default()))
         .concurrency(16)
         .seed(1)
-        .build();
+        .build()
+        .unwrap();
     // Deferred jobs come back when due: run until every job is finished (at most 60 s).
     let mut succeeded = 0;
     for _ in 0..60 {
@@ -188,6 +189,7 @@ async fn a_decline_is_dead_at_once_and_a_refused_connection_is_infrastructure() 
     Worker::builder(s.clone(), vec!["payments".into()])
         .handler("http", Arc::new(HttpJob::default()))
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();

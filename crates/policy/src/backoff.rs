@@ -23,51 +23,70 @@ pub const MAX_SCHEDULE_LEN: usize = 1000;
 
 /// How nominal delays grow with the attempt number.
 ///
-/// Build one with [`ExponentialBuilder`], [`Backoff::schedule`] or
-/// [`Backoff::constant`]; each validates its fields.
+/// Build one with [`Backoff::exponential`] (an [`ExponentialBuilder`]), [`Backoff::schedule`]
+/// or [`Backoff::constant`]; each validates its fields, and the fields are private, so no
+/// invalid backoff exists (no empty schedule, no zero cap, no multiplier below 1): every
+/// method below is total.
 ///
 /// ```
 /// use std::time::Duration;
-/// use redrive_policy::ExponentialBuilder;
+/// use redrive_policy::{Backoff, BackoffKind};
 ///
-/// let b = ExponentialBuilder::new()
+/// let b = Backoff::exponential()
 ///     .with_base(Duration::from_millis(100))
 ///     .with_multiplier(2.0)
 ///     .with_cap(Duration::from_secs(1))
 ///     .build()
 ///     .unwrap();
+/// assert_eq!(b.kind(), BackoffKind::Exponential);
 /// assert_eq!(b.nominal(0), Duration::from_millis(100));
 /// assert_eq!(b.nominal(3), Duration::from_millis(800));
 /// assert_eq!(b.nominal(4), Duration::from_secs(1)); // capped
+/// assert!(Backoff::schedule(vec![], Duration::from_secs(1)).is_err());
 /// ```
 #[derive(Debug, Clone, PartialEq)]
-pub enum Backoff {
-    /// `min(cap, base · multiplier^n)` (R1).
+pub struct Backoff {
+    kind: Kind,
+}
+
+/// The private shape of a [`Backoff`]; each variant's invariants hold by construction.
+#[derive(Debug, Clone, PartialEq)]
+enum Kind {
+    /// `min(cap, base · multiplier^n)` (R1): `0 < base ≤ cap ≤ MAX_CAP`, `1 ≤ multiplier ≤ 100`.
     Exponential {
-        /// The first delay.
         base: Duration,
-        /// Growth factor per attempt (≥ 1).
         multiplier: f64,
-        /// No delay exceeds this.
         cap: Duration,
     },
-    /// An explicit list of delays (`[1s, 2s, 4s, 8s, 16s]`); past the end the last one repeats.
-    /// Each entry is capped.
+    /// `delays[n]` capped, the last repeating: 1 to `MAX_SCHEDULE_LEN` entries, none zero,
+    /// `0 < cap ≤ MAX_CAP`.
     Schedule {
-        /// The delays in order, `delays[n]` after attempt `n`.
         delays: Vec<Duration>,
-        /// No delay exceeds this.
         cap: Duration,
     },
+    /// The same delay every time (also the cap): `0 < delay ≤ MAX_CAP`.
+    Constant { delay: Duration },
+}
+
+/// Which formula a [`Backoff`] follows (the `backoff` field of a policy file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackoffKind {
+    /// `min(cap, base · multiplier^n)`.
+    Exponential,
+    /// An explicit list of delays; past the end the last one repeats.
+    Schedule,
     /// The same delay every time.
-    Constant {
-        /// The delay (also the cap).
-        delay: Duration,
-    },
+    Constant,
 }
 
 impl Backoff {
-    /// An explicit schedule with a cap.
+    /// A builder of an exponential backoff, with the defaults of [`ExponentialBuilder::new`].
+    pub const fn exponential() -> ExponentialBuilder {
+        ExponentialBuilder::new()
+    }
+
+    /// An explicit schedule with a cap: `delays[n]` after attempt `n`, the last one repeating
+    /// past the end, each capped.
     ///
     /// # Errors
     /// [`PolicyError::InvalidField`] when the schedule is empty, too long, has a zero entry,
@@ -91,7 +110,9 @@ impl Backoff {
                 "a delay above 0",
             ));
         }
-        Ok(Backoff::Schedule { delays, cap })
+        Ok(Backoff {
+            kind: Kind::Schedule { delays, cap },
+        })
     }
 
     /// A constant delay.
@@ -100,13 +121,15 @@ impl Backoff {
     /// [`PolicyError::InvalidField`] when the delay is zero or above [`MAX_CAP`].
     pub fn constant(delay: Duration) -> Result<Self, PolicyError> {
         check_cap("delay", delay)?;
-        Ok(Backoff::Constant { delay })
+        Ok(Backoff {
+            kind: Kind::Constant { delay },
+        })
     }
 
     /// The nominal (jitter-free) delay after attempt `n` (from 0), never above the cap.
     pub fn nominal(&self, n: u32) -> Duration {
-        match self {
-            Backoff::Exponential {
+        match &self.kind {
+            Kind::Exponential {
                 base,
                 multiplier,
                 cap,
@@ -122,25 +145,55 @@ impl Backoff {
                     Duration::from_nanos(nanos as u64).min(*cap)
                 }
             }
-            Backoff::Schedule { delays, cap } => {
-                let i = (n as usize).min(delays.len() - 1);
-                delays[i].min(*cap)
+            Kind::Schedule { delays, cap } => {
+                // Never empty (checked by `schedule`), so `last` is `Some`.
+                let d = delays
+                    .get(n as usize)
+                    .or_else(|| delays.last())
+                    .copied()
+                    .unwrap_or(*cap);
+                d.min(*cap)
             }
-            Backoff::Constant { delay } => *delay,
+            Kind::Constant { delay } => *delay,
         }
     }
 
     /// The cap: no delay, jittered or not, exceeds it.
-    pub fn cap(&self) -> Duration {
-        match self {
-            Backoff::Exponential { cap, .. } | Backoff::Schedule { cap, .. } => *cap,
-            Backoff::Constant { delay } => *delay,
+    pub const fn cap(&self) -> Duration {
+        match &self.kind {
+            Kind::Exponential { cap, .. } | Kind::Schedule { cap, .. } => *cap,
+            Kind::Constant { delay } => *delay,
         }
     }
 
     /// The smallest nominal delay (`nominal(0)`), the floor of decorrelated jitter.
     pub fn base(&self) -> Duration {
         self.nominal(0)
+    }
+
+    /// Which formula this backoff follows.
+    pub const fn kind(&self) -> BackoffKind {
+        match &self.kind {
+            Kind::Exponential { .. } => BackoffKind::Exponential,
+            Kind::Schedule { .. } => BackoffKind::Schedule,
+            Kind::Constant { .. } => BackoffKind::Constant,
+        }
+    }
+
+    /// The growth factor of an exponential backoff; `None` for the other kinds.
+    pub const fn multiplier(&self) -> Option<f64> {
+        match &self.kind {
+            Kind::Exponential { multiplier, .. } => Some(*multiplier),
+            _ => None,
+        }
+    }
+
+    /// The delays of a schedule (never empty); `None` for the other kinds.
+    pub fn delays(&self) -> Option<&[Duration]> {
+        match &self.kind {
+            Kind::Schedule { delays, .. } => Some(delays),
+            _ => None,
+        }
     }
 }
 
@@ -227,10 +280,12 @@ impl ExponentialBuilder {
                 "from 1 to 100",
             ));
         }
-        Ok(Backoff::Exponential {
-            base: self.base,
-            multiplier: self.multiplier,
-            cap: self.cap,
+        Ok(Backoff {
+            kind: Kind::Exponential {
+                base: self.base,
+                multiplier: self.multiplier,
+                cap: self.cap,
+            },
         })
     }
 }
@@ -300,7 +355,94 @@ mod tests {
         assert!(e.to_string().contains("schedule[1]"), "{e}");
     }
 
+    #[test]
+    fn accessors_name_the_kind_and_its_fields() {
+        let e = Backoff::exponential().with_multiplier(3.0).build().unwrap();
+        assert_eq!(e.kind(), BackoffKind::Exponential);
+        assert_eq!(e.multiplier(), Some(3.0));
+        assert_eq!(e.delays(), None);
+        let s = Backoff::schedule(vec![ms(5), ms(7)], ms(6)).unwrap();
+        assert_eq!(s.kind(), BackoffKind::Schedule);
+        assert_eq!(s.delays(), Some(&[ms(5), ms(7)][..]));
+        assert_eq!(s.multiplier(), None);
+        assert_eq!(s.cap(), ms(6));
+        let c = Backoff::constant(ms(9)).unwrap();
+        assert_eq!(c.kind(), BackoffKind::Constant);
+        assert_eq!((c.base(), c.cap(), c.multiplier()), (ms(9), ms(9), None));
+    }
+
+    #[test]
+    fn every_constructor_refuses_its_invalid_values() {
+        let too_long = vec![ms(1); MAX_SCHEDULE_LEN + 1];
+        let e = Backoff::schedule(too_long, ms(1000)).unwrap_err();
+        assert!(e.to_string().contains("1001 entries"), "{e}");
+        assert!(Backoff::schedule(vec![ms(1); MAX_SCHEDULE_LEN], ms(1000)).is_ok());
+        for cap in [Duration::ZERO, MAX_CAP + Duration::from_nanos(1)] {
+            let e = Backoff::schedule(vec![ms(1)], cap).unwrap_err();
+            assert!(e.to_string().starts_with("invalid cap = "), "{e}");
+            let e = Backoff::constant(cap).unwrap_err();
+            assert!(e.to_string().starts_with("invalid delay = "), "{e}");
+            let e = Backoff::exponential()
+                .with_base(ms(1))
+                .with_cap(cap)
+                .build()
+                .unwrap_err();
+            assert!(e.to_string().starts_with("invalid cap = "), "{e}");
+        }
+        for m in [f64::NAN, f64::INFINITY, -1.0, 0.0, 0.999, 100.001] {
+            let e = Backoff::exponential()
+                .with_multiplier(m)
+                .build()
+                .unwrap_err();
+            assert!(
+                e.to_string().starts_with("invalid multiplier = "),
+                "{m}: {e}"
+            );
+        }
+        assert!(Backoff::exponential().with_multiplier(1.0).build().is_ok());
+        assert!(
+            Backoff::exponential()
+                .with_multiplier(MAX_MULTIPLIER)
+                .build()
+                .is_ok()
+        );
+        let e = Backoff::schedule(vec![], ms(1)).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid schedule = []: must be at least one delay"
+        );
+    }
+
     proptest! {
+        /// Whatever the inputs, a constructor either refuses them or builds a backoff whose
+        /// every method answers without panicking, under its cap.
+        #[test]
+        fn built_backoffs_never_panic(
+            base_ns in prop_oneof![Just(0u64), 1u64..u64::MAX],
+            cap_ns in prop_oneof![Just(0u64), 1u64..=MAX_CAP.as_nanos() as u64, any::<u64>()],
+            mult in prop_oneof![any::<f64>(), 0.0f64..200.0],
+            delays in proptest::collection::vec(0u64..u64::MAX, 0..8),
+            n in any::<u32>(),
+        ) {
+            let (base, cap) = (Duration::from_nanos(base_ns), Duration::from_nanos(cap_ns));
+            let built = [
+                Backoff::exponential().with_base(base).with_multiplier(mult).with_cap(cap).build(),
+                Backoff::schedule(delays.iter().map(|d| Duration::from_nanos(*d)).collect(), cap),
+                Backoff::constant(base),
+            ];
+            for b in built.into_iter().flatten() {
+                prop_assert!(b.nominal(n) <= b.cap());
+                prop_assert!(b.base() <= b.cap());
+                prop_assert!(!b.cap().is_zero() && b.cap() <= MAX_CAP);
+                if let Some(d) = b.delays() {
+                    prop_assert!(!d.is_empty());
+                }
+                if let Some(m) = b.multiplier() {
+                    prop_assert!((1.0..=MAX_MULTIPLIER).contains(&m));
+                }
+            }
+        }
+
         #[test]
         fn nominal_is_monotone_and_capped(
             base_ms in 1u64..10_000,

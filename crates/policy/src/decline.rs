@@ -31,7 +31,7 @@
 //! assert_eq!(wait.rule(), DeclineRule::RetryAfter(Duration::from_secs(24 * 3600)));
 //! // Visa's category follows from the response code when the PSP does not send it.
 //! assert_eq!(DeclineAdvice::visa("14", None).unwrap().rule(), DeclineRule::NeverRetry);
-//! assert_eq!(never.network, Network::Visa);
+//! assert_eq!(never.network(), Network::Visa);
 //! ```
 
 use std::fmt;
@@ -166,16 +166,20 @@ impl fmt::Display for ResponseCode {
 }
 
 /// What the network said about a decline, as the PSP passed it through.
+///
+/// Built by [`DeclineAdvice::new`] (or [`DeclineAdvice::visa`], [`DeclineAdvice::mastercard`],
+/// [`DeclineAdvice::unknown`]), which check the category and the advice code; the fields are
+/// private, so a category of 5 or an advice code of 0 cannot exist.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DeclineAdvice {
     /// The card network.
-    pub network: Network,
+    network: Network,
     /// The issuer's response code, if the PSP gave one.
-    pub code: Option<ResponseCode>,
+    code: Option<ResponseCode>,
     /// Visa's decline category (1–4), given or derived from the response code.
-    pub category: Option<u8>,
+    category: Option<u8>,
     /// Mastercard's Merchant Advice Code (1–99), if any.
-    pub advice_code: Option<u8>,
+    advice_code: Option<u8>,
 }
 
 /// Visa category 1 response codes ("issuer will never approve"): 04, 07, 12, 14, 15, 41, 43,
@@ -257,6 +261,37 @@ impl DeclineAdvice {
             category,
             advice_code,
         })
+    }
+
+    /// A decline of `network` with no advice at all (no code, category or advice code): the
+    /// networks' default, "retry later".
+    pub const fn unknown(network: Network) -> Self {
+        Self {
+            network,
+            code: None,
+            category: None,
+            advice_code: None,
+        }
+    }
+
+    /// The card network.
+    pub const fn network(&self) -> Network {
+        self.network
+    }
+
+    /// The issuer's response code, if the PSP gave one.
+    pub const fn code(&self) -> Option<ResponseCode> {
+        self.code
+    }
+
+    /// Visa's decline category (1–4) as given (see [`DeclineAdvice::effective_category`]).
+    pub const fn category(&self) -> Option<u8> {
+        self.category
+    }
+
+    /// Mastercard's Merchant Advice Code (1–99), if any.
+    pub const fn advice_code(&self) -> Option<u8> {
+        self.advice_code
     }
 
     /// A Visa decline; without a category it is derived from the code ([`visa_category_of`]).
@@ -435,12 +470,49 @@ pub const DECLINE_ROWS: &[(&str, &str, &str, &str)] = &[
 // ===== quotas =====
 
 /// One reattempt window of a network: at most `max` reattempts for one card within `window`.
+///
+/// Built by [`QuotaWindow::new`], which checks both fields; they are private.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QuotaWindow {
-    /// Reattempts allowed within the window (≥ 1).
-    pub max: u32,
+    /// Reattempts allowed within the window (1 to [`MAX_QUOTA`]).
+    max: u32,
+    /// The rolling window (above 0 s, at most 365 days).
+    window: Duration,
+}
+
+impl QuotaWindow {
+    /// At most `max` reattempts per card within a rolling `window`.
+    ///
+    /// # Errors
+    /// [`PolicyError::InvalidField`] naming `max` (1 to [`MAX_QUOTA`]) or `window` (above 0 s,
+    /// at most 365 days).
+    pub fn new(max: u32, window: Duration) -> Result<Self, PolicyError> {
+        if max == 0 || max > MAX_QUOTA {
+            return Err(PolicyError::invalid(
+                "max",
+                max.to_string(),
+                format!("from 1 to {MAX_QUOTA}"),
+            ));
+        }
+        if window.is_zero() || window > crate::MAX_DEADLINE {
+            return Err(PolicyError::invalid(
+                "window",
+                format_duration(window),
+                "above 0s and at most 365 days",
+            ));
+        }
+        Ok(Self { max, window })
+    }
+
+    /// Reattempts allowed within the window.
+    pub const fn max(&self) -> u32 {
+        self.max
+    }
+
     /// The rolling window.
-    pub window: Duration,
+    pub const fn window(&self) -> Duration {
+        self.window
+    }
 }
 
 /// The most reattempts a quota window may allow.
@@ -496,34 +568,11 @@ impl QuotaRules {
         }
     }
 
-    /// Sets a network's windows (an empty list: no quota).
-    ///
-    /// # Errors
-    /// [`PolicyError::InvalidField`] naming `max` (1 to [`MAX_QUOTA`]) or `window` (above 0 s,
-    /// at most 365 days).
-    pub fn with(
-        mut self,
-        network: Network,
-        windows: Vec<QuotaWindow>,
-    ) -> Result<Self, PolicyError> {
-        for (i, w) in windows.iter().enumerate() {
-            if w.max == 0 || w.max > MAX_QUOTA {
-                return Err(PolicyError::invalid(
-                    format!("{network}[{i}].max"),
-                    w.max.to_string(),
-                    format!("from 1 to {MAX_QUOTA}"),
-                ));
-            }
-            if w.window.is_zero() || w.window > crate::MAX_DEADLINE {
-                return Err(PolicyError::invalid(
-                    format!("{network}[{i}].window"),
-                    format_duration(w.window),
-                    "above 0s and at most 365 days",
-                ));
-            }
-        }
+    /// Sets a network's windows (an empty list: no quota). Each window was checked by
+    /// [`QuotaWindow::new`].
+    pub fn with(mut self, network: Network, windows: Vec<QuotaWindow>) -> Self {
         self.rules.insert(network, windows);
-        Ok(self)
+        self
     }
 
     /// The windows of a network (empty: no quota).
@@ -558,10 +607,7 @@ impl QuotaRules {
                         e.reason,
                     )
                 })?;
-                Ok(QuotaWindow {
-                    max: *max as u32,
-                    window: w,
-                })
+                QuotaWindow::new(*max as u32, w).map_err(|e| e.within(&format!("{network}[{i}]")))
             })
             .collect()
     }
@@ -638,16 +684,20 @@ mod tests {
         assert!(e.to_string().contains("advice_code = 0"), "{e}");
         let e = DeclineAdvice::visa("05!", None).unwrap_err();
         assert!(e.to_string().contains("response_code"), "{e}");
-        let e = QuotaRules::default()
-            .with(
-                Network::Visa,
-                vec![QuotaWindow {
-                    max: 0,
-                    window: Duration::from_secs(1),
-                }],
-            )
-            .unwrap_err();
+        let e = QuotaWindow::new(0, Duration::from_secs(1)).unwrap_err();
+        assert_eq!(e.to_string(), "invalid max = 0: must be from 1 to 100000");
+        let e = QuotaWindow::new(MAX_QUOTA + 1, Duration::from_secs(1)).unwrap_err();
+        assert!(e.to_string().starts_with("invalid max = 100001"), "{e}");
+        for w in [Duration::ZERO, crate::MAX_DEADLINE + Duration::from_secs(1)] {
+            let e = QuotaWindow::new(1, w).unwrap_err();
+            assert!(e.to_string().starts_with("invalid window = "), "{e}");
+        }
+        let ok = QuotaWindow::new(MAX_QUOTA, crate::MAX_DEADLINE).unwrap();
+        assert_eq!((ok.max(), ok.window()), (MAX_QUOTA, crate::MAX_DEADLINE));
+        let e = QuotaRules::parse_windows("visa", &[(0, "1s".into())]).unwrap_err();
         assert!(e.to_string().contains("visa[0].max = 0"), "{e}");
+        let e = QuotaRules::parse_windows("visa", &[(2, "0s".into())]).unwrap_err();
+        assert!(e.to_string().contains("visa[0].window = "), "{e}");
     }
 
     #[test]
@@ -655,14 +705,11 @@ mod tests {
         let q = QuotaRules::default();
         assert_eq!(
             q.windows(Network::Visa),
-            &[QuotaWindow {
-                max: 15,
-                window: Duration::from_secs(30 * 86_400)
-            }]
+            &[QuotaWindow::new(15, Duration::from_secs(30 * 86_400)).unwrap()]
         );
         assert_eq!(q.windows(Network::Mastercard).len(), 2);
-        assert_eq!(q.windows(Network::Mastercard)[0].max, 10);
-        assert_eq!(q.windows(Network::Mastercard)[1].max, 35);
+        assert_eq!(q.windows(Network::Mastercard)[0].max(), 10);
+        assert_eq!(q.windows(Network::Mastercard)[1].max(), 35);
         assert!(q.windows(Network::Amex).is_empty());
     }
 

@@ -160,21 +160,21 @@ pub fn explain(policy: &RetryPolicy, samples: u32, seed: u64) -> Explanation {
         let mut elapsed: Vec<Duration> = steps.iter().map(|s| s.elapsed).collect();
         elapsed.sort();
         let (nominal, jitter, base, cap, prev) = if in_defer_phase {
-            let d = policy.defer.as_ref().expect("defer phase exists");
+            let d = policy.defer().expect("defer phase exists");
             let n = steps.first().map_or(0, |s| s.defers_before);
             (
-                d.schedule.nominal(n),
-                d.jitter,
-                d.schedule.base(),
-                d.schedule.cap(),
+                d.schedule().nominal(n),
+                d.jitter(),
+                d.schedule().base(),
+                d.schedule().cap(),
                 None,
             )
         } else {
-            let b = &policy.retry.backoff;
+            let b = policy.retry().backoff();
             let prev = steps.first().and_then(|s| s.prev);
             (
                 b.nominal(k as u32),
-                policy.retry.jitter,
+                policy.retry().jitter(),
                 b.base(),
                 b.cap(),
                 prev,
@@ -216,12 +216,12 @@ pub fn explain(policy: &RetryPolicy, samples: u32, seed: u64) -> Explanation {
     let mut totals: Vec<Duration> = trajectories.iter().map(|t| t.2).collect();
     totals.sort();
     Explanation {
-        policy: policy.name.clone(),
+        policy: policy.name().to_owned(),
         samples,
         seed,
-        in_process_max_wait_ms: ms(policy.retry.in_process_max_wait),
+        in_process_max_wait_ms: ms(policy.retry().in_process_max_wait()),
         max_attempts_total: policy.total_max_attempts(),
-        deadline_ms: policy.deadline.map(ms),
+        deadline_ms: policy.deadline().map(ms),
         rows,
         dead,
         attempts_p50: attempts[attempts.len() / 2],

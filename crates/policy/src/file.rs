@@ -68,13 +68,13 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::backoff::{Backoff, ExponentialBuilder};
+use crate::backoff::{Backoff, BackoffKind, ExponentialBuilder};
 use crate::breaker::{BreakerConfig, BreakerConfigBuilder, Window};
 use crate::error::PolicyError;
 use crate::flow::{FlowConfig, RateConfig};
 use crate::jitter::Jitter;
 use crate::outcome::StatusTable;
-use crate::policy::{DeferPhase, RetryPolicy};
+use crate::policy::{DeferPhase, RetryPolicy, RetryPolicyBuilder};
 use crate::{FailureClass, Network, QuotaRules, parse_duration};
 
 /// The policies and breaker settings a deployment knows: the built-in presets plus those of an
@@ -101,7 +101,7 @@ impl PolicySet {
         let policies = RetryPolicy::PRESETS
             .iter()
             .filter_map(|n| RetryPolicy::preset(n))
-            .map(|p| (p.name.clone(), p))
+            .map(|p| (p.name().to_owned(), p))
             .collect();
         Self {
             policies,
@@ -123,7 +123,6 @@ impl PolicySet {
         for (name, rp) in raw.policy {
             let prefix = format!("policy.{name}");
             let p = rp.into_policy(&name, &set).map_err(|e| e.within(&prefix))?;
-            p.validate().map_err(|e| e.within(&prefix))?;
             set.policies.insert(name, p);
         }
         for (name, rb) in raw.breaker {
@@ -142,7 +141,7 @@ impl PolicySet {
             let raw: Vec<(i64, String)> = windows.into_iter().map(|w| (w.max, w.window)).collect();
             let parsed =
                 QuotaRules::parse_windows(n.as_str(), &raw).map_err(|e| e.within("quotas"))?;
-            set.quotas = set.quotas.with(n, parsed).map_err(|e| e.within("quotas"))?;
+            set.quotas = set.quotas.with(n, parsed);
         }
         Ok(set)
     }
@@ -160,7 +159,7 @@ impl PolicySet {
 
     /// Adds or replaces a policy.
     pub fn insert(&mut self, policy: RetryPolicy) {
-        self.policies.insert(policy.name.clone(), policy);
+        self.policies.insert(policy.name().to_owned(), policy);
     }
 
     /// Sets the breaker configuration of a dependency (`default` for all others).
@@ -377,27 +376,25 @@ fn classes(field: &str, names: &[String]) -> Result<Vec<FailureClass>, PolicyErr
 impl RawPolicy {
     fn into_policy(self, name: &str, known: &PolicySet) -> Result<RetryPolicy, PolicyError> {
         let mut p = match &self.extends {
-            Some(base) => {
-                let mut p = known
-                    .get(base)
-                    .map_err(|_| {
-                        PolicyError::invalid(
-                            "extends",
-                            format!("{base:?}"),
-                            format!(
-                                "a preset or an earlier policy: {}",
-                                known.names().collect::<Vec<_>>().join(", ")
-                            ),
-                        )
-                    })?
-                    .clone();
-                p.name = name.to_owned();
-                p
-            }
-            None => RetryPolicy::builder(name).build_unchecked(),
+            Some(base) => known
+                .get(base)
+                .map_err(|_| {
+                    PolicyError::invalid(
+                        "extends",
+                        format!("{base:?}"),
+                        format!(
+                            "a preset or an earlier policy: {}",
+                            known.names().collect::<Vec<_>>().join(", ")
+                        ),
+                    )
+                })?
+                .clone()
+                .into_builder()
+                .with_name(name),
+            None => RetryPolicy::builder(name),
         };
         if let Some(r) = self.retry {
-            r.apply(&mut p)?;
+            p = r.apply(p)?;
         }
         if let Some(d) = self.defer {
             let mut delays = Vec::with_capacity(d.schedule.len());
@@ -421,30 +418,28 @@ impl RawPolicy {
             };
             let n = delays.len() as i64;
             let schedule = Backoff::schedule(delays, cap).map_err(|e| e.within("defer"))?;
-            p.defer = Some(DeferPhase {
-                schedule,
-                jitter: match &d.jitter {
-                    Some(j) => jitter("defer.jitter", j)?,
-                    None => Jitter::Proportional(0.2),
-                },
-                max_defers: count("defer.max_defers", d.max_defers.unwrap_or(n), 1, 1000)?,
-            });
+            let jitter = match &d.jitter {
+                Some(j) => jitter("defer.jitter", j)?,
+                None => Jitter::proportional(0.2)?,
+            };
+            let max_defers = count("defer.max_defers", d.max_defers.unwrap_or(n), 1, 1000)?;
+            p = p.with_defer_phase(DeferPhase::new(schedule, jitter, max_defers)?);
         }
         if let Some(m) = self.max_exceptions {
-            p.max_exceptions = Some(count("max_exceptions", m, 1, 1000)?);
+            p = p.with_max_exceptions(count("max_exceptions", m, 1, 1000)?);
         }
         if let Some(d) = &self.deadline {
-            p.deadline = if d == "none" {
-                None
+            p = if d == "none" {
+                p.without_deadline()
             } else {
-                Some(dur("deadline", d)?)
+                p.with_deadline(dur("deadline", d)?)
             };
         }
         if let Some(d) = self.declines.as_ref().and_then(|d| d.retry_later.as_ref()) {
-            p.decline_retry_later = dur("declines.retry_later", d)?;
+            p = p.with_decline_retry_later(dur("declines.retry_later", d)?);
         }
         if let Some(d) = &self.blocked_jitter {
-            p.blocked_jitter = dur("blocked_jitter", d)?;
+            p = p.with_blocked_jitter(dur("blocked_jitter", d)?);
         }
         if let Some(table) = self.status {
             let mut st = StatusTable::new();
@@ -464,37 +459,35 @@ impl RawPolicy {
                     PolicyError::invalid(&field, k.clone(), "an HTTP status from 100 to 599")
                 })?;
             }
-            p.status = st;
+            p = p.with_status(st);
         }
-        Ok(p)
+        p.build()
     }
 }
 
 impl RawRetry {
-    fn apply(self, p: &mut RetryPolicy) -> Result<(), PolicyError> {
-        let r = &mut p.retry;
+    fn apply(self, mut p: RetryPolicyBuilder) -> Result<RetryPolicyBuilder, PolicyError> {
+        let old = p.policy().retry().backoff().clone();
         let kind = match (&self.backoff, &self.schedule, &self.delay) {
             (Some(k), _, _) => k.clone(),
             (None, Some(_), _) => "schedule".into(),
             (None, None, Some(_)) => "constant".into(),
-            (None, None, None) => match r.backoff {
-                Backoff::Exponential { .. } => "exponential".into(),
-                Backoff::Schedule { .. } => "schedule".into(),
-                Backoff::Constant { .. } => "constant".into(),
+            (None, None, None) => match old.kind() {
+                BackoffKind::Exponential => "exponential".into(),
+                BackoffKind::Schedule => "schedule".into(),
+                BackoffKind::Constant => "constant".into(),
             },
         };
-        let old_cap = r.backoff.cap();
+        let old_cap = old.cap();
         let cap = match &self.cap {
             Some(c) => Some(dur("retry.cap", c)?),
             None => None,
         };
-        r.backoff = match kind.as_str() {
+        let backoff = match kind.as_str() {
             "exponential" => {
-                let (b0, m0) = match r.backoff {
-                    Backoff::Exponential {
-                        base, multiplier, ..
-                    } => (base, multiplier),
-                    _ => (crate::DEFAULT_BASE, crate::DEFAULT_MULTIPLIER),
+                let (b0, m0) = match old.multiplier() {
+                    Some(multiplier) => (old.base(), multiplier),
+                    None => (crate::DEFAULT_BASE, crate::DEFAULT_MULTIPLIER),
                 };
                 let base = match &self.base {
                     Some(b) => dur("retry.base", b)?,
@@ -547,31 +540,32 @@ impl RawRetry {
                 ));
             }
         };
+        p = p.with_backoff(backoff);
         if let Some(j) = &self.jitter {
-            r.jitter = jitter("retry.jitter", j)?;
+            p = p.with_jitter(jitter("retry.jitter", j)?);
         }
         if let Some(n) = self.max_attempts {
-            r.max_attempts = count(
+            p = p.with_max_attempts(count(
                 "retry.max_attempts",
                 n,
                 1,
                 i64::from(crate::MAX_ATTEMPTS_LIMIT),
-            )?;
+            )?);
         }
         if let Some(w) = &self.window {
-            r.window = if w == "none" {
-                None
+            p = if w == "none" {
+                p.without_window()
             } else {
-                Some(dur("retry.window", w)?)
+                p.with_window(dur("retry.window", w)?)
             };
         }
         if let Some(d) = &self.in_process_max_wait {
-            r.in_process_max_wait = dur("retry.in_process_max_wait", d)?;
+            p = p.with_in_process_max_wait(dur("retry.in_process_max_wait", d)?);
         }
         if let Some(d) = &self.retry_after_max {
-            r.retry_after_max = dur("retry.retry_after_max", d)?;
+            p = p.with_retry_after_max(dur("retry.retry_after_max", d)?);
         }
-        Ok(())
+        Ok(p)
     }
 }
 
@@ -735,14 +729,14 @@ mod tests {
         .unwrap();
         let v = set.quotas().windows(Network::Visa);
         assert_eq!(
-            (v[0].max, v[0].window),
+            (v[0].max(), v[0].window()),
             (12, Duration::from_secs(30 * 86_400))
         );
         let m = set.quotas().windows(Network::Mastercard);
         assert_eq!(m.len(), 2);
-        assert_eq!((m[0].max, m[0].window), (3, Duration::from_secs(60)));
+        assert_eq!((m[0].max(), m[0].window()), (3, Duration::from_secs(60)));
         assert_eq!(
-            set.get("subs").unwrap().decline_retry_later,
+            set.get("subs").unwrap().decline_retry_later(),
             Duration::from_secs(6 * 3600)
         );
         let e =
@@ -800,27 +794,30 @@ open_cooldown = "30s"
     fn the_documented_example_loads() {
         let set = PolicySet::from_toml(EXAMPLE).unwrap();
         let c = set.get("checkout").unwrap();
-        assert_eq!(c.retry.max_attempts, 8);
-        assert_eq!(c.retry.jitter, Jitter::Decorrelated);
-        assert_eq!(c.retry.backoff.nominal(0), Duration::from_millis(100));
-        assert_eq!(c.retry.backoff.cap(), Duration::from_secs(10));
-        assert_eq!(c.retry.window, Some(Duration::from_secs(120)));
-        assert_eq!(c.max_exceptions, Some(3));
-        assert_eq!(c.deadline, Some(Duration::from_secs(7200)));
-        assert_eq!(c.defer.as_ref().unwrap().max_defers, 3);
-        assert_eq!(c.status.classify(409, false), FailureClass::Infrastructure);
+        assert_eq!(c.retry().max_attempts(), 8);
+        assert_eq!(c.retry().jitter(), Jitter::Decorrelated);
+        assert_eq!(c.retry().backoff().nominal(0), Duration::from_millis(100));
+        assert_eq!(c.retry().backoff().cap(), Duration::from_secs(10));
+        assert_eq!(c.retry().window(), Some(Duration::from_secs(120)));
+        assert_eq!(c.max_exceptions(), Some(3));
+        assert_eq!(c.deadline(), Some(Duration::from_secs(7200)));
+        assert_eq!(c.defer().unwrap().max_defers(), 3);
+        assert_eq!(
+            c.status().classify(409, false),
+            FailureClass::Infrastructure
+        );
         let r = set.get("reports").unwrap();
-        assert_eq!(r.retry.backoff.nominal(2), Duration::from_secs(30));
-        assert_eq!(r.retry.max_attempts, 4);
+        assert_eq!(r.retry().backoff().nominal(2), Duration::from_secs(30));
+        assert_eq!(r.retry().max_attempts(), 4);
         // presets are still there
         assert!(set.get("payment").is_ok());
         assert_eq!(
-            set.breaker("api.psp.example").window,
+            set.breaker("api.psp.example").window(),
             Window::Time {
                 length: Duration::from_secs(30)
             }
         );
-        assert_eq!(set.breaker("other").window, Window::Count { size: 50 });
+        assert_eq!(set.breaker("other").window(), Window::Count { size: 50 });
     }
 
     fn err(toml: &str) -> String {

@@ -569,14 +569,14 @@ impl FlowConfig {
 
     /// How long other workers wait for a half-open round's verdict before looking again.
     fn round_wait(&self) -> Duration {
-        self.breaker.half_open_timeout.min(Duration::from_secs(1))
+        self.breaker.half_open_timeout().min(Duration::from_secs(1))
     }
 
     /// What the row says about a call now, without changing it.
     pub fn check(&self, row: &FlowRow, now: Timestamp) -> Check {
         if row.mode == BreakerMode::ForcedOpen {
             return Check::Blocked {
-                until: add(now, self.breaker.open_cooldown),
+                until: add(now, self.breaker.open_cooldown()),
                 reason: DeferReason::BreakerOpen,
             };
         }
@@ -734,7 +734,7 @@ impl FlowConfig {
     fn half_open(&self, row: &mut FlowRow, now: Timestamp) {
         row.state = BreakerState::HalfOpen;
         row.open_until = None;
-        row.probe_permits = self.breaker.half_open_probes;
+        row.probe_permits = self.breaker.half_open_probes();
         row.probe_successes = 0;
         row.probe_failures = 0;
         row.round_started = Some(now);
@@ -787,11 +787,11 @@ impl FlowConfig {
             CallResult::Failure => row.probe_failures += 1,
             // Neither way (a 429 answered the probe): the permit goes back to the round.
             CallResult::Ignored => {
-                row.probe_permits = (row.probe_permits + 1).min(self.breaker.half_open_probes);
+                row.probe_permits = (row.probe_permits + 1).min(self.breaker.half_open_probes());
                 return None;
             }
         }
-        let n = self.breaker.half_open_probes;
+        let n = self.breaker.half_open_probes();
         let reopen = self.breaker.probes_to_reopen();
         if row.probe_failures >= reopen {
             let reason = TransitionReason::ProbeFailed;
@@ -828,14 +828,9 @@ impl FlowConfig {
         let from = row.state;
         row.openings = row.openings.saturating_add(1);
         let nominal = b.cooldown(row.openings);
-        let cooldown = if b.cooldown_jitter > 0.0 {
-            Jitter::Proportional(b.cooldown_jitter).apply(
-                nominal,
-                nominal,
-                b.cooldown_max,
-                None,
-                rng,
-            )
+        // A validated config's cooldown_jitter is 0 (no jitter) or in (0, 10].
+        let cooldown = if let Ok(jitter) = Jitter::proportional(b.cooldown_jitter()) {
+            jitter.apply(nominal, nominal, b.cooldown_max(), None, rng)
         } else {
             nominal
         };
@@ -918,7 +913,7 @@ impl FlowConfig {
             BreakerState::HalfOpen
                 if row
                     .round_started
-                    .is_none_or(|s| add(s, self.breaker.half_open_timeout) <= now) =>
+                    .is_none_or(|s| add(s, self.breaker.half_open_timeout()) <= now) =>
             {
                 // Its probers died or never answered: a new round.
                 self.half_open(row, now);

@@ -39,11 +39,54 @@ pub enum Jitter {
     Decorrelated,
     /// `min(cap, d + U(0, f·d))`. Range `[d, min(cap, (1+f)·d)]`. `classic` uses `f = 0.5`.
     /// Its mean wait is about 2.5× full jitter's for the same nominal delay; at the cap it has no
-    /// spread left, so prefer `full` for large fleets.
-    Proportional(f64),
+    /// spread left, so prefer `full` for large fleets. Build it with [`Jitter::proportional`]:
+    /// the factor is a [`ProportionalFactor`], always in `(0, 10]`.
+    Proportional(ProportionalFactor),
+}
+
+/// The factor `f` of [`Jitter::Proportional`]: a finite number with `0 < f ≤ 10`
+/// ([`MAX_PROPORTIONAL_FACTOR`]). Its field is private, so no other value exists.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+pub struct ProportionalFactor(f64);
+
+impl ProportionalFactor {
+    /// The factor `f`.
+    ///
+    /// # Errors
+    /// [`PolicyError::InvalidField`] naming `jitter` when `f` is not in `(0, 10]` (NaN included).
+    pub fn new(f: f64) -> Result<Self, PolicyError> {
+        if f > 0.0 && f <= MAX_PROPORTIONAL_FACTOR {
+            Ok(Self(f))
+        } else {
+            Err(PolicyError::invalid(
+                "jitter",
+                format!("proportional({f})"),
+                "proportional(F) with 0 < F <= 10",
+            ))
+        }
+    }
+
+    /// The factor as a number.
+    pub const fn get(self) -> f64 {
+        self.0
+    }
+}
+
+impl fmt::Display for ProportionalFactor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
 }
 
 impl Jitter {
+    /// `proportional(f)`: `min(cap, d + U(0, f·d))`.
+    ///
+    /// # Errors
+    /// [`PolicyError::InvalidField`] naming `jitter` when `f` is not in `(0, 10]`.
+    pub fn proportional(f: f64) -> Result<Self, PolicyError> {
+        ProportionalFactor::new(f).map(Jitter::Proportional)
+    }
+
     /// Applies the jitter.
     ///
     /// `nominal` is clamped to `cap` first, so callers may pass any value.
@@ -73,7 +116,7 @@ impl Jitter {
                 uniform(rng, b, hi).min(cap_n)
             }
             Jitter::Proportional(f) => {
-                let extra = (d as f64 * f).min(u64::MAX as f64) as u64;
+                let extra = (d as f64 * f.get()).min(u64::MAX as f64) as u64;
                 d.saturating_add(uniform(rng, 0, extra)).min(cap_n)
             }
         };
@@ -98,25 +141,8 @@ impl Jitter {
                 let p = prev.unwrap_or(b);
                 (b, p.saturating_mul(3).max(b).min(cap))
             }
-            Jitter::Proportional(f) => (d, d.mul_f64(1.0 + f).min(cap)),
+            Jitter::Proportional(f) => (d, d.mul_f64(1.0 + f.get()).min(cap)),
         }
-    }
-
-    /// Validates the jitter's parameter.
-    ///
-    /// # Errors
-    /// [`PolicyError::InvalidField`] for a proportional factor outside `(0, 10]`.
-    pub fn validate(&self) -> Result<(), PolicyError> {
-        if let Jitter::Proportional(f) = *self
-            && !(f > 0.0 && f <= MAX_PROPORTIONAL_FACTOR)
-        {
-            return Err(PolicyError::invalid(
-                "jitter",
-                self.to_string(),
-                "proportional(F) with 0 < F <= 10",
-            ));
-        }
-        Ok(())
     }
 }
 
@@ -168,10 +194,9 @@ impl FromStr for Jitter {
                     .and_then(|r| r.strip_suffix(')'))
                     .ok_or_else(bad)?;
                 let f: f64 = inner.trim().parse().map_err(|_| bad())?;
-                Jitter::Proportional(f)
+                Jitter::proportional(f)?
             }
         };
-        j.validate()?;
         Ok(j)
     }
 }
@@ -200,13 +225,15 @@ mod tests {
         Duration::from_millis(n)
     }
 
-    const ALL: [Jitter; 5] = [
-        Jitter::None,
-        Jitter::Full,
-        Jitter::Equal,
-        Jitter::Decorrelated,
-        Jitter::Proportional(0.5),
-    ];
+    fn all() -> [Jitter; 5] {
+        [
+            Jitter::None,
+            Jitter::Full,
+            Jitter::Equal,
+            Jitter::Decorrelated,
+            Jitter::proportional(0.5).unwrap(),
+        ]
+    }
 
     #[test]
     fn none_is_exact() {
@@ -223,12 +250,12 @@ mod tests {
 
     #[test]
     fn parses_and_prints() {
-        for j in ALL {
+        for j in all() {
             assert_eq!(j.to_string().parse::<Jitter>().unwrap(), j);
         }
         assert_eq!(
             "proportional(0.25)".parse::<Jitter>().unwrap(),
-            Jitter::Proportional(0.25)
+            Jitter::proportional(0.25).unwrap()
         );
         for bad in [
             "",
@@ -264,7 +291,7 @@ mod tests {
     fn same_seed_same_delays() {
         let mut a = SmallRng::seed_from_u64(42);
         let mut b = SmallRng::seed_from_u64(42);
-        for j in ALL {
+        for j in all() {
             for _ in 0..10 {
                 assert_eq!(
                     j.apply(ms(900), ms(100), ms(1000), Some(ms(300)), &mut a),
@@ -274,7 +301,58 @@ mod tests {
         }
     }
 
+    #[test]
+    fn proportional_factor_is_checked_by_its_constructor() {
+        for f in [
+            0.0,
+            -0.1,
+            10.000_001,
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+        ] {
+            let e = Jitter::proportional(f).unwrap_err();
+            assert!(
+                e.to_string().starts_with("invalid jitter = proportional("),
+                "{f}: {e}"
+            );
+            assert!(ProportionalFactor::new(f).is_err(), "{f}");
+        }
+        for f in [f64::MIN_POSITIVE, 0.2, 1.0, MAX_PROPORTIONAL_FACTOR] {
+            let j = Jitter::proportional(f).unwrap();
+            assert_eq!(j, Jitter::Proportional(ProportionalFactor::new(f).unwrap()));
+            let Jitter::Proportional(x) = j else {
+                unreachable!()
+            };
+            assert_eq!(x.get(), f);
+        }
+        assert_eq!(
+            Jitter::proportional(0.2).unwrap().to_string(),
+            "proportional(0.2)"
+        );
+    }
+
     proptest! {
+        /// Any factor the constructor accepts gives delays within range; any it refuses is
+        /// outside `(0, 10]`.
+        #[test]
+        fn proportional_never_exceeds_the_cap(
+            seed in any::<u64>(),
+            f in any::<f64>(),
+            nominal_ms in 0u64..200_000,
+            cap_ms in 1u64..100_000,
+        ) {
+            match Jitter::proportional(f) {
+                Ok(j) => {
+                    let mut rng = SmallRng::seed_from_u64(seed);
+                    let d = j.apply(ms(nominal_ms), ms(1), ms(cap_ms), None, &mut rng);
+                    prop_assert!(d <= ms(cap_ms));
+                    prop_assert!(d >= ms(nominal_ms).min(ms(cap_ms)));
+                }
+                Err(_) => prop_assert!(!(f > 0.0 && f <= MAX_PROPORTIONAL_FACTOR)),
+            }
+        }
+
         #[test]
         fn every_strategy_stays_in_its_range_and_under_the_cap(
             seed in any::<u64>(),
@@ -287,7 +365,7 @@ mod tests {
             let mut rng = SmallRng::seed_from_u64(seed);
             let (nominal, base, cap) = (ms(nominal_ms), ms(base_ms), ms(cap_ms));
             let prev = prev_ms.map(ms);
-            for j in [Jitter::None, Jitter::Full, Jitter::Equal, Jitter::Decorrelated, Jitter::Proportional(f)] {
+            for j in [Jitter::None, Jitter::Full, Jitter::Equal, Jitter::Decorrelated, Jitter::proportional(f).unwrap()] {
                 let (lo, hi) = j.range(nominal, base, cap, prev);
                 let d = j.apply(nominal, base, cap, prev, &mut rng);
                 prop_assert!(d <= cap, "{j}: {d:?} > cap {cap:?}");

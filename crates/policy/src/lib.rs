@@ -42,8 +42,8 @@ mod reason;
 mod retry_after;
 
 pub use backoff::{
-    Backoff, DEFAULT_BASE, DEFAULT_CAP, DEFAULT_MULTIPLIER, ExponentialBuilder, MAX_CAP,
-    MAX_MULTIPLIER, MAX_SCHEDULE_LEN,
+    Backoff, BackoffKind, DEFAULT_BASE, DEFAULT_CAP, DEFAULT_MULTIPLIER, ExponentialBuilder,
+    MAX_CAP, MAX_MULTIPLIER, MAX_SCHEDULE_LEN,
 };
 pub use breaker::{
     Admission, BreakerConfig, BreakerConfigBuilder, BreakerMode, BreakerState, CallResult,
@@ -65,7 +65,7 @@ pub use flow::{
     FlowEvent, FlowRow, Grant, MAX_SLOTS_PER_RESERVATION, Next, RateConfig, SLOT_HORIZON,
     ServedRate, Slots, Step, until_resumed,
 };
-pub use jitter::{Jitter, MAX_PROPORTIONAL_FACTOR};
+pub use jitter::{Jitter, MAX_PROPORTIONAL_FACTOR, ProportionalFactor};
 pub use outcome::{Outcome, StatusTable};
 pub use policy::{
     Action, DEFAULT_BLOCKED_JITTER, DEFAULT_DECLINE_RETRY_LATER, DEFAULT_IN_PROCESS_MAX_WAIT,

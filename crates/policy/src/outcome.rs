@@ -164,12 +164,9 @@ impl StatusTable {
             FailureClass::Exception => Outcome::Exception,
             // A status alone carries no network advice: a decline without advice is retried
             // later, within the card's quota.
-            FailureClass::Declined => Outcome::Declined(DeclineAdvice {
-                network: crate::Network::Other,
-                code: None,
-                category: None,
-                advice_code: None,
-            }),
+            FailureClass::Declined => {
+                Outcome::Declined(DeclineAdvice::unknown(crate::Network::Other))
+            }
         }
     }
 }

@@ -46,56 +46,187 @@ pub const MAX_DEFERS_LIMIT: u32 = 1000;
 pub const MAX_DEADLINE: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// The retry phase: short delays, in process or deferred.
+///
+/// Part of a [`RetryPolicy`], built by [`RetryPolicyBuilder`]; its fields are private and
+/// checked by [`RetryPolicyBuilder::build`], so every value is in its documented range.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RetryPhase {
     /// Nominal delays.
-    pub backoff: Backoff,
+    backoff: Backoff,
     /// How nominal delays are spread.
-    pub jitter: Jitter,
+    jitter: Jitter,
     /// Attempts in this phase, counting the first call (≥ 1).
-    pub max_attempts: u32,
+    max_attempts: u32,
     /// Time since the first attempt after which the phase is spent; `None`: no window.
-    pub window: Option<Duration>,
+    window: Option<Duration>,
     /// Delays at or below this are slept in process; longer ones are deferred.
-    pub in_process_max_wait: Duration,
+    in_process_max_wait: Duration,
     /// A server's `Retry-After` is clamped to this.
-    pub retry_after_max: Duration,
+    retry_after_max: Duration,
 }
 
 /// The optional defer phase for long outages: one attempt per run along a schedule.
+///
+/// Built by [`DeferPhase::new`], which checks `max_defers`; the fields are private.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeferPhase {
     /// The nominal delay before each run (`schedule[k]` before run `k`; the last repeats).
-    pub schedule: Backoff,
+    schedule: Backoff,
     /// How the schedule is spread.
-    pub jitter: Jitter,
+    jitter: Jitter,
     /// Runs allowed in this phase.
-    pub max_defers: u32,
+    max_defers: u32,
 }
 
 /// A named retry policy (R7, R8, R12).
 ///
 /// Build one with [`RetryPolicy::builder`], take a preset
 /// ([`RetryPolicy::payment`], [`RetryPolicy::background`], [`RetryPolicy::classic`]) or load a
-/// TOML file ([`crate::PolicySet::from_toml`]).
+/// TOML file ([`crate::PolicySet::from_toml`]). The fields are private and every constructor
+/// validates them, so a `RetryPolicy` is always valid; read them with the accessors, change
+/// them with [`RetryPolicy::into_builder`] and a new [`RetryPolicyBuilder::build`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct RetryPolicy {
     /// The policy's name (`payment`).
-    pub name: String,
+    name: String,
     /// The retry phase.
-    pub retry: RetryPhase,
+    retry: RetryPhase,
     /// The defer phase, if any.
-    pub defer: Option<DeferPhase>,
+    defer: Option<DeferPhase>,
     /// Unclassified errors and panics allowed across both phases; `None`: unlimited.
-    pub max_exceptions: Option<u32>,
+    max_exceptions: Option<u32>,
     /// The job's total time budget from enqueue (its deadline); `None`: none.
-    pub deadline: Option<Duration>,
+    deadline: Option<Duration>,
     /// Spread added to breaker and pause deferrals.
-    pub blocked_jitter: Duration,
+    blocked_jitter: Duration,
     /// HTTP status → class.
-    pub status: StatusTable,
+    status: StatusTable,
     /// The wait after a "retry later" decline (Visa category 2/4, Mastercard MAC 02).
-    pub decline_retry_later: Duration,
+    decline_retry_later: Duration,
+}
+
+impl RetryPhase {
+    /// Nominal delays.
+    pub const fn backoff(&self) -> &Backoff {
+        &self.backoff
+    }
+
+    /// How nominal delays are spread.
+    pub const fn jitter(&self) -> Jitter {
+        self.jitter
+    }
+
+    /// Attempts in this phase, counting the first call (1 to [`MAX_ATTEMPTS_LIMIT`]).
+    pub const fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// Time since the first attempt after which the phase is spent; `None`: no window.
+    pub const fn window(&self) -> Option<Duration> {
+        self.window
+    }
+
+    /// Delays at or below this are slept in process; longer ones are deferred.
+    pub const fn in_process_max_wait(&self) -> Duration {
+        self.in_process_max_wait
+    }
+
+    /// A server's `Retry-After` is clamped to this.
+    pub const fn retry_after_max(&self) -> Duration {
+        self.retry_after_max
+    }
+}
+
+impl DeferPhase {
+    /// A defer phase: `max_defers` runs along `schedule` (`schedule.nominal(k)` before run `k`),
+    /// spread by `jitter`.
+    ///
+    /// # Errors
+    /// [`PolicyError::InvalidField`] naming `defer.max_defers` when it is not from 1 to
+    /// [`MAX_DEFERS_LIMIT`].
+    pub fn new(schedule: Backoff, jitter: Jitter, max_defers: u32) -> Result<Self, PolicyError> {
+        let phase = Self {
+            schedule,
+            jitter,
+            max_defers,
+        };
+        phase.validate()?;
+        Ok(phase)
+    }
+
+    fn validate(&self) -> Result<(), PolicyError> {
+        if self.max_defers == 0 || self.max_defers > MAX_DEFERS_LIMIT {
+            return Err(PolicyError::invalid(
+                "defer.max_defers",
+                self.max_defers.to_string(),
+                format!("from 1 to {MAX_DEFERS_LIMIT}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The nominal delay before each run (`schedule.nominal(k)` before run `k`; the last
+    /// repeats).
+    pub const fn schedule(&self) -> &Backoff {
+        &self.schedule
+    }
+
+    /// How the schedule is spread.
+    pub const fn jitter(&self) -> Jitter {
+        self.jitter
+    }
+
+    /// Runs allowed in this phase (1 to [`MAX_DEFERS_LIMIT`]).
+    pub const fn max_defers(&self) -> u32 {
+        self.max_defers
+    }
+}
+
+impl RetryPolicy {
+    /// The policy's name (`payment`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The retry phase.
+    pub const fn retry(&self) -> &RetryPhase {
+        &self.retry
+    }
+
+    /// The defer phase, if any.
+    pub const fn defer(&self) -> Option<&DeferPhase> {
+        self.defer.as_ref()
+    }
+
+    /// Unclassified errors and panics allowed across both phases; `None`: unlimited.
+    pub const fn max_exceptions(&self) -> Option<u32> {
+        self.max_exceptions
+    }
+
+    /// The job's total time budget from enqueue (its deadline); `None`: none.
+    pub const fn deadline(&self) -> Option<Duration> {
+        self.deadline
+    }
+
+    /// Spread added to breaker and pause deferrals.
+    pub const fn blocked_jitter(&self) -> Duration {
+        self.blocked_jitter
+    }
+
+    /// HTTP status → class.
+    pub const fn status(&self) -> &StatusTable {
+        &self.status
+    }
+
+    /// Wait after a "retry later" decline.
+    pub const fn decline_retry_later(&self) -> Duration {
+        self.decline_retry_later
+    }
+
+    /// A builder holding this policy's fields, to change some and build again.
+    pub fn into_builder(self) -> RetryPolicyBuilder {
+        RetryPolicyBuilder { policy: self }
+    }
 }
 
 /// A job's budget counters, as stored in its row.
@@ -517,12 +648,13 @@ impl RetryPolicy {
         }
     }
 
-    /// Checks every field against its allowed range.
+    /// Checks every field against its allowed range (the backoffs and jitters are valid by
+    /// construction).
     ///
     /// # Errors
     /// [`PolicyError::InvalidField`] naming the field (`retry.max_attempts`, …), the value and
     /// the allowed range.
-    pub fn validate(&self) -> Result<(), PolicyError> {
+    fn validate(&self) -> Result<(), PolicyError> {
         let r = &self.retry;
         if r.max_attempts == 0 || r.max_attempts > MAX_ATTEMPTS_LIMIT {
             return Err(PolicyError::invalid(
@@ -554,16 +686,8 @@ impl RetryPolicy {
                 "above 0s and at most 24h",
             ));
         }
-        r.jitter.validate().map_err(|e| e.within("retry"))?;
         if let Some(d) = &self.defer {
-            if d.max_defers == 0 || d.max_defers > MAX_DEFERS_LIMIT {
-                return Err(PolicyError::invalid(
-                    "defer.max_defers",
-                    d.max_defers.to_string(),
-                    format!("from 1 to {MAX_DEFERS_LIMIT}"),
-                ));
-            }
-            d.jitter.validate().map_err(|e| e.within("defer"))?;
+            d.validate()?;
         }
         if self.max_exceptions == Some(0) {
             return Err(PolicyError::invalid(
@@ -641,7 +765,7 @@ impl RetryPolicy {
             defer: Some(DeferPhase {
                 schedule: Backoff::schedule(vec![m(1), m(5), m(15), m(60), m(240)], m(6 * 60))
                     .expect("valid preset"),
-                jitter: Jitter::Proportional(0.2),
+                jitter: Jitter::proportional(0.2).expect("valid preset"),
                 max_defers: 5,
             }),
             max_exceptions: Some(5),
@@ -690,7 +814,7 @@ impl RetryPolicy {
             retry: RetryPhase {
                 backoff: Backoff::schedule(vec![s(1), s(2), s(4), s(8), s(16)], s(60))
                     .expect("valid preset"),
-                jitter: Jitter::Proportional(0.5),
+                jitter: Jitter::proportional(0.5).expect("valid preset"),
                 max_attempts: 5,
                 window: None,
                 in_process_max_wait: DEFAULT_IN_PROCESS_MAX_WAIT,
@@ -722,6 +846,10 @@ impl RetryPolicy {
 // ===== impl RetryPolicyBuilder =====
 
 /// Builds a [`RetryPolicy`] field by field, validating at the end.
+///
+/// `new` takes the policy's name, so it is not a `const fn` (a name is a `String`); the setters
+/// are `with_*` (and `without_*` for the optional fields), and [`build`](Self::build) checks
+/// every field.
 ///
 /// # Default
 /// The `payment` preset's retry phase (exponential 200 ms ×2, cap 30 s, full jitter, 10
@@ -785,7 +913,42 @@ impl RetryPolicyBuilder {
         self
     }
 
-    /// A defer phase.
+    /// The policy's name (1 to 64 letters, digits, `-`, `_` or `.`).
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.policy.name = name.into();
+        self
+    }
+
+    /// A defer phase, built and checked.
+    pub fn with_defer_phase(mut self, defer: DeferPhase) -> Self {
+        self.policy.defer = Some(defer);
+        self
+    }
+
+    /// No defer phase.
+    pub fn without_defer(mut self) -> Self {
+        self.policy.defer = None;
+        self
+    }
+
+    /// No limit on unclassified errors.
+    pub fn without_max_exceptions(mut self) -> Self {
+        self.policy.max_exceptions = None;
+        self
+    }
+
+    /// No deadline.
+    pub fn without_deadline(mut self) -> Self {
+        self.policy.deadline = None;
+        self
+    }
+
+    /// The policy as built so far (not yet validated).
+    pub fn policy(&self) -> &RetryPolicy {
+        &self.policy
+    }
+
+    /// A defer phase (`max_defers` is checked by [`build`](Self::build)).
     pub fn with_defer(mut self, schedule: Backoff, jitter: Jitter, max_defers: u32) -> Self {
         self.policy.defer = Some(DeferPhase {
             schedule,
@@ -828,15 +991,13 @@ impl RetryPolicyBuilder {
     /// Validates and builds.
     ///
     /// # Errors
-    /// See [`RetryPolicy::validate`].
+    /// [`PolicyError::InvalidField`] naming the first field out of range (`retry.max_attempts`,
+    /// `retry.window`, `retry.in_process_max_wait`, `retry.retry_after_max`,
+    /// `defer.max_defers`, `max_exceptions`, `deadline`, `declines.retry_later`,
+    /// `blocked_jitter`, `name`), its value and the allowed range.
     pub fn build(self) -> Result<RetryPolicy, PolicyError> {
         self.policy.validate()?;
         Ok(self.policy)
-    }
-
-    /// The policy without validation (the TOML loader validates after applying its fields).
-    pub(crate) fn build_unchecked(self) -> RetryPolicy {
-        self.policy
     }
 }
 

@@ -201,7 +201,11 @@ fn proportional_adds_up_to_f_times_the_delay_then_caps() {
                 hi: dd * (1.0 + f),
                 cap: s(ms(cap)),
             },
-            |r| Jitter::Proportional(f).apply(ms(d), ms(100), ms(cap), None, r),
+            |r| {
+                Jitter::proportional(f)
+                    .unwrap()
+                    .apply(ms(d), ms(100), ms(cap), None, r)
+            },
         );
     }
 }

@@ -155,7 +155,7 @@ fn check_policy_toml(text: &str, attempts: Option<u32>) -> Result<(), TestCaseEr
                 let p = set
                     .get(name)
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                prop_assert_eq!(p.retry.max_attempts, n);
+                prop_assert_eq!(p.retry().max_attempts(), n);
             }
         }
         Err(e) => {

@@ -221,7 +221,7 @@ impl DeclineBook {
                 _ => {}
             }
             let windows = self.quotas.windows(prev.network()).to_vec();
-            let longest = windows.iter().map(|w| w.window).max().unwrap_or_default();
+            let longest = windows.iter().map(|w| w.window()).max().unwrap_or_default();
             let times = self.reattempts.entry(card.to_owned()).or_default();
             times.push_back(now);
             while times
@@ -233,9 +233,9 @@ impl DeclineBook {
             for w in &windows {
                 let n = times
                     .iter()
-                    .filter(|t| now.saturating_sub(**t) < w.window)
+                    .filter(|t| now.saturating_sub(**t) < w.window())
                     .count();
-                if n > w.max as usize {
+                if n > w.max() as usize {
                     found.push(Violation::Quota);
                     break;
                 }
@@ -292,15 +292,7 @@ mod tests {
 
     #[test]
     fn every_violation_is_caught_and_a_fair_reattempt_is_not() {
-        let q = QuotaRules::none()
-            .with(
-                Network::Visa,
-                vec![QuotaWindow {
-                    max: 2,
-                    window: s(100),
-                }],
-            )
-            .unwrap();
+        let q = QuotaRules::none().with(Network::Visa, vec![QuotaWindow::new(2, s(100)).unwrap()]);
         let mut b = DeclineBook::new(q);
         // A first attempt is not a reattempt.
         assert!(

@@ -239,10 +239,10 @@ fn declined(kind: crate::DeclineKind, card: &str) -> Response {
         "status": 402,
         "detail": format!("card declined ({kind})"),
         "decline_code": kind.to_string(),
-        "network": a.network.as_str(),
+        "network": a.network().as_str(),
         "response_code": kind.response_code(),
-        "category": a.category,
-        "advice_code": a.advice_code.map(|m| format!("{m:02}")),
+        "category": a.category(),
+        "advice_code": a.advice_code().map(|m| format!("{m:02}")),
         "card": card,
     });
     let mut resp = (StatusCode::PAYMENT_REQUIRED, body.to_string()).into_response();

@@ -32,7 +32,7 @@ pub(crate) struct LastDecline {
 impl LastDecline {
     pub(crate) fn of(advice: &DeclineAdvice, at: Timestamp) -> Self {
         Self {
-            network: advice.network,
+            network: advice.network(),
             rule: advice.rule(),
             at,
         }
@@ -41,12 +41,7 @@ impl LastDecline {
     fn from_row(d: &Decline) -> Self {
         let advice = DeclineAdvice::new(d.network, d.code.as_deref(), d.category, d.advice_code)
             // A row written by this code always parses; an unreadable one counts as "retry later".
-            .unwrap_or(DeclineAdvice {
-                network: d.network,
-                code: None,
-                category: None,
-                advice_code: None,
-            });
+            .unwrap_or(DeclineAdvice::unknown(d.network));
         Self::of(&advice, d.at)
     }
 }
@@ -137,7 +132,7 @@ pub(crate) async fn gate(
         QuotaTake::Taken => Ok(None),
         QuotaTake::Full(full) => {
             metrics::reattempt_blocked("quota");
-            tracing::info!(job = job.id, until = %full.until, max = full.window.max,
+            tracing::info!(job = job.id, until = %full.until, max = full.window.max(),
                 "card reattempt quota used up");
             Ok(Some(policy.decide_quota(counters, full.until, now)))
         }
@@ -152,14 +147,14 @@ pub(crate) async fn record(
     advice: DeclineAdvice,
     now: Timestamp,
 ) -> Result<(), StoreError> {
-    let category = match (advice.effective_category(), advice.advice_code) {
+    let category = match (advice.effective_category(), advice.advice_code()) {
         (Some(c), _) => c.to_string(),
         (None, Some(m)) => format!("mac_{m:02}"),
         (None, None) => "none".to_owned(),
     };
     metrics::declined(
         job.dependency.as_deref().unwrap_or(""),
-        advice.network.as_str(),
+        advice.network().as_str(),
         category,
     );
     let d = NewDecline {

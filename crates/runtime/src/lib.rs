@@ -32,7 +32,7 @@
 //! let charge = typed(|c: Charge, _ctx: JobContext| async move {
 //!     Attempted::success(serde_json::json!({ "charged": c.amount }))
 //! });
-//! let summary = Worker::builder(store, vec!["payments".into()]).handler("charge", charge).build()
+//! let summary = Worker::builder(store, vec!["payments".into()]).handler("charge", charge).build().unwrap()
 //!     .run_until_idle().await.unwrap();
 //! assert_eq!(summary.succeeded, 1);
 //! # });

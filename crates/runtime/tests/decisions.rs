@@ -172,6 +172,7 @@ async fn success_stores_the_result() {
     let s = e
         .worker("k", h.clone())
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -189,6 +190,7 @@ async fn permanent_is_dead_at_once() {
     let s = e
         .worker("k", h.clone())
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -211,6 +213,7 @@ async fn a_first_401_refreshes_and_calls_again_without_using_an_attempt() {
     let s = e
         .worker("k", h.clone())
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -234,6 +237,7 @@ async fn the_second_401_in_a_row_is_final() {
     let s = e
         .worker("k", h.clone())
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -284,6 +288,7 @@ async fn one_refresh_is_shared_by_every_job_that_hit_the_same_401() {
         .worker("k", h.clone())
         .concurrency(10)
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -302,6 +307,7 @@ async fn a_rate_limit_with_retry_after_45s_defers_instead_of_sleeping_and_pauses
     let s = e
         .worker("k", h.clone())
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -337,6 +343,7 @@ async fn a_retry_after_of_2s_retries_in_process_after_exactly_that() {
     let s = e
         .worker("k", h.clone())
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -365,6 +372,7 @@ async fn infrastructure_failures_back_off_then_exhaust_the_attempts() {
         .worker("k", h.clone())
         .kind_policy("k", policy)
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -393,6 +401,7 @@ async fn an_ambiguous_timeout_with_a_key_is_repeated_with_the_same_key() {
     let s = e
         .worker("k", h.clone())
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -411,6 +420,7 @@ async fn an_ambiguous_timeout_without_a_key_or_hook_is_dead_ambiguous() {
     let s = e
         .worker("k", h.clone())
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -429,6 +439,7 @@ async fn the_status_query_settles_an_ambiguous_timeout() {
     let s = e
         .worker("k", h.clone())
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -445,6 +456,7 @@ async fn the_status_query_settles_an_ambiguous_timeout() {
     let s = e
         .worker("k", h.clone())
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -458,6 +470,7 @@ async fn the_status_query_settles_an_ambiguous_timeout() {
     let s = e
         .worker("k", h.clone())
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -481,6 +494,7 @@ async fn a_panic_counts_as_an_exception_and_max_exceptions_ends_the_job() {
         .worker("k", h.clone())
         .kind_policy("k", policy)
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -529,6 +543,7 @@ async fn an_open_breaker_defers_without_an_attempt_and_its_jobs_are_not_claimed(
         .policies(breaker_policies(2))
         .concurrency(1)
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -580,6 +595,7 @@ async fn after_the_cool_down_one_probe_closes_the_breaker_for_everyone() {
         .policies(breaker_policies(2))
         .concurrency(1)
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -632,6 +648,7 @@ async fn a_pause_seen_by_one_job_blocks_the_others_and_a_blocked_job_past_its_de
         .kind_policy("b", fixed)
         .concurrency(2)
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -654,6 +671,7 @@ async fn a_pause_seen_by_one_job_blocks_the_others_and_a_blocked_job_past_its_de
     let s = e
         .worker("b", hb.clone())
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -680,7 +698,8 @@ async fn a_lost_lease_cancels_the_handler_and_writes_nothing() {
     let w = e
         .worker("k", h.clone())
         .lease(Duration::from_secs(3))
-        .build();
+        .build()
+        .unwrap();
     let run = tokio::spawn(async move { w.run_until_idle().await });
     tokio::time::sleep(Duration::from_millis(200)).await;
     // An operator cancels the running job: its lease is revoked.
@@ -730,6 +749,7 @@ async fn a_send_slot_beyond_the_reservation_horizon_is_waited_for_in_process() {
         .policies(set)
         .concurrency(8)
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -782,6 +802,7 @@ async fn a_call_waiting_for_its_send_slot_is_not_made_once_the_breaker_opened() 
         .policies(set)
         .concurrency(4)
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -834,6 +855,7 @@ async fn a_visa_category_1_decline_is_dead_after_one_attempt_never_a_second_call
     let s = e
         .worker("k", h.clone())
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -855,6 +877,7 @@ async fn a_visa_category_1_decline_is_dead_after_one_attempt_never_a_second_call
     assert_eq!(n, 1);
     e.worker("k", h.clone())
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -879,6 +902,7 @@ async fn a_mac_25_decline_defers_exactly_24h_then_one_attempt() {
     let s = e
         .worker("k", h.clone())
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -895,6 +919,7 @@ async fn a_mac_25_decline_defers_exactly_24h_then_one_attempt() {
     tokio::time::advance(Duration::from_secs(24 * 3600 - 60)).await;
     e.worker("k", h.clone())
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -903,6 +928,7 @@ async fn a_mac_25_decline_defers_exactly_24h_then_one_attempt() {
     let s = e
         .worker("k", h.clone())
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -933,6 +959,7 @@ async fn a_mac_21_decline_is_dead_recurring_stopped() {
     let h = script(vec![mac(21), ok()]);
     e.worker("k", h.clone())
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -950,17 +977,10 @@ fn quota_policies(retry_later: Duration, deadline: Option<Duration>) -> PolicySe
         b = b.with_deadline(d);
     }
     set.insert(b.build().unwrap());
-    set.set_quotas(
-        redrive_policy::QuotaRules::none()
-            .with(
-                redrive_policy::Network::Visa,
-                vec![redrive_policy::QuotaWindow {
-                    max: 2,
-                    window: Duration::from_secs(3600),
-                }],
-            )
-            .unwrap(),
-    );
+    set.set_quotas(redrive_policy::QuotaRules::none().with(
+        redrive_policy::Network::Visa,
+        vec![redrive_policy::QuotaWindow::new(2, Duration::from_secs(3600)).unwrap()],
+    ));
     set
 }
 
@@ -975,6 +995,7 @@ async fn an_exhausted_card_quota_defers_to_the_window_edge_without_a_call() {
         e.worker("k", h.clone())
             .policies(set.clone())
             .build()
+            .unwrap()
             .run_until_idle()
             .await
             .unwrap();
@@ -989,6 +1010,7 @@ async fn an_exhausted_card_quota_defers_to_the_window_edge_without_a_call() {
         .worker("k", h.clone())
         .policies(set.clone())
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -1016,6 +1038,7 @@ async fn an_exhausted_card_quota_past_the_deadline_is_dead_reattempt_quota() {
         e.worker("k", h.clone())
             .policies(set.clone())
             .build()
+            .unwrap()
             .run_until_idle()
             .await
             .unwrap();
@@ -1025,6 +1048,7 @@ async fn an_exhausted_card_quota_past_the_deadline_is_dead_reattempt_quota() {
     e.worker("k", h.clone())
         .policies(set.clone())
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -1047,6 +1071,7 @@ async fn declines_never_open_the_breaker() {
         .worker("k", h.clone())
         .policies(breaker_policies(2))
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -1073,6 +1098,7 @@ async fn declines_never_open_the_breaker() {
     e2.worker("k", script(vec![infra()]))
         .policies(breaker_policies(2))
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();

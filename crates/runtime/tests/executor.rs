@@ -84,6 +84,7 @@ async fn transient_failures_are_retried_in_process_with_the_same_key() {
         .handler("flaky", h.clone())
         .seed(7)
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -136,7 +137,8 @@ async fn permanent_goes_dead_at_once_and_an_unknown_kind_is_left_alone() {
         .id;
     let worker = Worker::builder(s.clone(), vec!["q".into()])
         .handler("decline", Arc::new(Fixed(Outcome::Permanent)))
-        .build();
+        .build()
+        .unwrap();
     assert_eq!(worker.kinds(), redrive_store::Kinds::only(["decline"]));
     let sum = worker.run_until_idle().await.unwrap();
     assert_eq!((sum.dead, sum.attempts), (1, 1));
@@ -177,6 +179,7 @@ async fn a_panic_is_an_exception_and_the_worker_survives() {
         .handler("panics", Arc::new(Panics))
         .handler("noop", Arc::new(Noop))
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .unwrap();
@@ -215,7 +218,8 @@ async fn an_idle_worker_starts_a_scheduled_job_at_its_run_at_not_at_the_next_pol
         .handler("stamp", h.clone())
         .poll_interval(std::time::Duration::from_secs(60))
         .gauge_interval(None)
-        .build();
+        .build()
+        .unwrap();
     let stop = tokio_util::sync::CancellationToken::new();
     let run = tokio::spawn({
         let stop = stop.clone();
@@ -295,7 +299,8 @@ async fn a_running_worker_is_registered_comes_back_after_deletion_and_leaves_on_
         .name("reg-test")
         .concurrency(3)
         .registry_heartbeat(std::time::Duration::from_millis(20))
-        .build();
+        .build()
+        .unwrap();
     let stop = tokio_util::sync::CancellationToken::new();
     let run = tokio::spawn({
         let (w, stop) = (worker.clone(), stop.clone());

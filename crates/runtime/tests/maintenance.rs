@@ -63,7 +63,8 @@ async fn the_scheduler_fires_missed_ticks_by_the_rule_and_the_jobs_run() {
         .handler("noop", Arc::new(Noop))
         .clock(clock.clone())
         .poll_interval(Duration::from_millis(20))
-        .build();
+        .build()
+        .unwrap();
     let run = tokio::spawn({
         let stop = stop.clone();
         async move { worker.run(stop).await }
@@ -180,7 +181,8 @@ async fn the_pruner_takes_the_lease_and_deletes_only_what_is_old_enough() {
             batch: 4,
             ..Retention::default()
         }))
-        .build();
+        .build()
+        .unwrap();
     let run = tokio::spawn({
         let stop = stop.clone();
         async move { worker.run(stop).await }

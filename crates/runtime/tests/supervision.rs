@@ -84,7 +84,8 @@ async fn start(store: &Store) -> Running {
         .poll_interval(Duration::from_millis(50))
         .rescue_interval(Duration::from_millis(100))
         .gauge_interval(None)
-        .build();
+        .build()
+        .unwrap();
     let health = worker.health();
     assert!(!health.is_running());
     let stop = CancellationToken::new();

@@ -240,7 +240,7 @@ pub(crate) fn run<R: Rng + ?Sized>(
 ) -> Result<RunResult, SimError> {
     let n = clients as usize;
     let policy = cfg.blocked_policy()?;
-    let max_wait = policy.retry.in_process_max_wait;
+    let max_wait = policy.retry().in_process_max_wait();
     let mut fleet = Fleet::new(cfg.flow(strategy)?, cfg.processes, seed, !strategy.breaker);
     let process = |c: u32| (c % cfg.processes.max(1)) as usize;
     let mut out = RunResult::default();

@@ -236,9 +236,7 @@ impl QueueConfig {
                 "above 0s and at most 7 days",
             ));
         }
-        self.policy
-            .validate()
-            .map_err(|e| SimError::config("policy", &self.policy.name, e.to_string()))?;
+        // `self.policy` is valid by construction (a `RetryPolicy` cannot hold an invalid value).
         self.flow
             .rate
             .validate()
@@ -660,7 +658,7 @@ impl Sim<'_> {
         let gate = self.fleet.before_call(
             0,
             retry,
-            policy.retry.in_process_max_wait,
+            policy.retry().in_process_max_wait(),
             waited_since,
             t,
             &mut self.rng,
@@ -765,7 +763,7 @@ impl Sim<'_> {
             let ra = (payload >> 16)
                 .checked_sub(1)
                 .and_then(|s| retry_after_clamped(&s.to_string(), now, HTTP_RETRY_AFTER_MAX));
-            policy.status.outcome(status, ra)
+            policy.status().outcome(status, ra)
         };
         let class = outcome.class();
         *self
@@ -778,7 +776,7 @@ impl Sim<'_> {
         // R19: the server's wait, as an instant, pauses the fleet (through the report).
         let pause_until = match outcome {
             Outcome::RateLimited { retry_after } => {
-                retry_after.map(|d| ts(t + ns(d.min(policy.retry.retry_after_max))))
+                retry_after.map(|d| ts(t + ns(d.min(policy.retry().retry_after_max()))))
             }
             _ => None,
         };

@@ -109,7 +109,7 @@ impl Strategy {
             Shape::Exponential(Jitter::Full),
             Shape::Exponential(Jitter::Equal),
             Shape::Exponential(Jitter::Decorrelated),
-            Shape::Exponential(Jitter::Proportional(0.5)),
+            Shape::Exponential(Jitter::proportional(0.5).expect("0.5 is in (0, 10]")),
         ]
         .into_iter()
         .map(Strategy::new)
@@ -267,7 +267,9 @@ impl FromStr for Shape {
             "full" => Shape::Exponential(Jitter::Full),
             "equal" => Shape::Exponential(Jitter::Equal),
             "decorrelated" | "decorr" => Shape::Exponential(Jitter::Decorrelated),
-            "proportional" => Shape::Exponential(Jitter::Proportional(0.5)),
+            "proportional" => {
+                Shape::Exponential(Jitter::proportional(0.5).expect("0.5 is in (0, 10]"))
+            }
             _ => {
                 if let Some(a) = args_of(t, "constant") {
                     let d = parse_duration(a).map_err(|e| e.to_string())?;

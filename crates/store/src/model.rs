@@ -207,9 +207,9 @@ impl NewJob {
     }
     /// Takes budget and deadline from a retry policy.
     pub fn with_policy(mut self, policy: &redrive_policy::RetryPolicy) -> Self {
-        self.policy = policy.name.clone();
+        self.policy = policy.name().to_owned();
         self.max_attempts = policy.total_max_attempts();
-        self.ttl = policy.deadline;
+        self.ttl = policy.deadline();
         self
     }
 

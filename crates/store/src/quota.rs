@@ -172,21 +172,21 @@ macro_rules! take_in {
     ($tx:expr, $p:expr, $now:expr) => {{
         let mut full: Option<QuotaExhausted> = None;
         for w in $p.windows {
-            let since = $now.saturating_sub(window_ms(w.window));
+            let since = $now.saturating_sub(window_ms(w.window()));
             let (n,): (i64,) = sqlx::query_as(COUNT_IN_WINDOW)
                 .bind($p.quota_key)
                 .bind(since)
                 .fetch_one(&mut *$tx)
                 .await?;
-            if n >= i64::from(w.max) {
+            if n >= i64::from(w.max()) {
                 // Room for one more once the (n - max + 1)th oldest has left the window.
                 let (at,): (i64,) = sqlx::query_as(NTH_IN_WINDOW)
                     .bind($p.quota_key)
                     .bind(since)
-                    .bind(n - i64::from(w.max))
+                    .bind(n - i64::from(w.max()))
                     .fetch_one(&mut *$tx)
                     .await?;
-                let until = from_millis(at.saturating_add(window_ms(w.window)));
+                let until = from_millis(at.saturating_add(window_ms(w.window())));
                 if full.is_none_or(|f| until > f.until) {
                     full = Some(QuotaExhausted { until, window: *w });
                 }
@@ -222,10 +222,10 @@ impl Store {
                     .bind(i64::from(d.attempt))
                     .bind(d.quota_key.clone())
                     .bind(millis(d.at))
-                    .bind(a.network.as_str())
-                    .bind(a.code.map(|c| c.as_str().to_owned()))
-                    .bind(a.category.map(i64::from))
-                    .bind(a.advice_code.map(i64::from))
+                    .bind(a.network().as_str())
+                    .bind(a.code().map(|c| c.as_str().to_owned()))
+                    .bind(a.category().map(i64::from))
+                    .bind(a.advice_code().map(i64::from))
                     .bind(a.rule().to_string())
                     .execute($pool)
                     .await
@@ -314,14 +314,14 @@ impl Store {
         let span = |d: Duration| chrono::Duration::from_std(d).unwrap_or_default();
         let longest = quotas
             .iter()
-            .flat_map(|(_, w)| w.iter().map(|w| w.window))
+            .flat_map(|(_, w)| w.iter().map(|w| w.window()))
             .max()
             .unwrap_or_default();
         let reattempts = self.reattempts(quota_key, now - span(longest)).await?;
         let mut windows = Vec::new();
         for (network, ws) in quotas.iter() {
             for w in ws {
-                let from = now - span(w.window);
+                let from = now - span(w.window());
                 let mut inside = reattempts
                     .iter()
                     .filter(|r| r.network == network && r.at > from);
@@ -330,7 +330,7 @@ impl Store {
                     network,
                     window: *w,
                     used: u64::from(oldest.is_some()) + inside.count() as u64,
-                    frees_at: oldest.map(|r| r.at + span(w.window)),
+                    frees_at: oldest.map(|r| r.at + span(w.window())),
                 });
             }
         }

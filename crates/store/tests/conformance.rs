@@ -2771,10 +2771,7 @@ mod declines {
         const DAY: Duration = Duration::from_secs(86_400);
 
         fn visa_15() -> Vec<QuotaWindow> {
-            vec![QuotaWindow {
-                max: 15,
-                window: DAY * 30,
-            }]
+            vec![QuotaWindow::new(15, DAY * 30).unwrap()]
         }
 
         pub(crate) async fn eight_workers_forty_declined_jobs_of_one_card_take_at_most_fifteen_reattempts(
@@ -2829,7 +2826,7 @@ mod declines {
                                 QuotaTake::Taken => taken.fetch_add(1, Ordering::SeqCst),
                                 QuotaTake::Full(f) => {
                                     assert!(f.until > at, "{f:?}");
-                                    assert_eq!(f.window.max, 15);
+                                    assert_eq!(f.window.max(), 15);
                                     full.fetch_add(1, Ordering::SeqCst)
                                 }
                             };
@@ -2948,14 +2945,8 @@ mod declines {
         pub(crate) async fn a_full_window_frees_when_its_oldest_reattempt_leaves(s: &Store) {
             // Mastercard-like: 2 per minute and 3 per hour.
             let windows = vec![
-                QuotaWindow {
-                    max: 2,
-                    window: Duration::from_secs(60),
-                },
-                QuotaWindow {
-                    max: 3,
-                    window: Duration::from_secs(3600),
-                },
+                QuotaWindow::new(2, Duration::from_secs(60)).unwrap(),
+                QuotaWindow::new(3, Duration::from_secs(3600)).unwrap(),
             ];
             let take = |t: i64| {
                 let windows = windows.clone();
@@ -2978,14 +2969,16 @@ mod declines {
             match take(T0 + 20_000).await {
                 QuotaTake::Full(f) => {
                     assert_eq!(f.until, ms(T0 + 60_000));
-                    assert_eq!(f.window.max, 2);
+                    assert_eq!(f.window.max(), 2);
                 }
                 other => panic!("{other:?}"),
             }
             assert_eq!(take(T0 + 60_000).await, QuotaTake::Taken);
             // Now the hour is full (3 in it) until T0 + 1 h.
             match take(T0 + 200_000).await {
-                QuotaTake::Full(f) => assert_eq!((f.until, f.window.max), (ms(T0 + 3_600_000), 3)),
+                QuotaTake::Full(f) => {
+                    assert_eq!((f.until, f.window.max()), (ms(T0 + 3_600_000), 3))
+                }
                 other => panic!("{other:?}"),
             }
             assert_eq!(take(T0 + 3_600_000).await, QuotaTake::Taken);
@@ -2997,17 +2990,10 @@ mod declines {
         }
 
         pub(crate) async fn quota_use_counts_each_window_and_when_it_frees(s: &Store) {
-            let minute = QuotaWindow {
-                max: 2,
-                window: Duration::from_secs(60),
-            };
-            let hour = QuotaWindow {
-                max: 3,
-                window: Duration::from_secs(3600),
-            };
-            let rules = redrive_policy::QuotaRules::none()
-                .with(Network::Mastercard, vec![minute, hour])
-                .unwrap();
+            let minute = QuotaWindow::new(2, Duration::from_secs(60)).unwrap();
+            let hour = QuotaWindow::new(3, Duration::from_secs(3600)).unwrap();
+            let rules =
+                redrive_policy::QuotaRules::none().with(Network::Mastercard, vec![minute, hour]);
             for t in [T0, T0 + 10_000, T0 + 70_000] {
                 let taken = s
                     .take_reattempt(&ReattemptParams {
@@ -3025,7 +3011,7 @@ mod declines {
             assert_eq!(reattempts.len(), 3);
             let seen: Vec<_> = windows
                 .iter()
-                .map(|w| (w.network, w.window.max, w.used, w.frees_at))
+                .map(|w| (w.network, w.window.max(), w.used, w.frees_at))
                 .collect();
             assert_eq!(
                 seen,

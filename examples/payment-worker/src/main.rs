@@ -227,7 +227,7 @@ async fn run(n: u64, scene: Scene) -> anyhow::Result<Seen> {
         )
         .policies(set)
         .concurrency(8)
-        .build();
+        .build()?;
     // Jobs deferred by the breaker come back when due: run until every job is finished.
     let mut succeeded = 0;
     for _ in 0..60 {

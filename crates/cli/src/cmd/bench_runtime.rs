@@ -24,7 +24,7 @@ pub(crate) async fn drain(
         .concurrency(concurrency as usize)
         .gauge_interval(None)
         .max_jobs(Some(jobs))
-        .build();
+        .build()?;
     let t = Instant::now();
     let s = worker.run_until_idle().await?;
     let secs = t.elapsed().as_secs_f64();
@@ -72,7 +72,7 @@ pub(crate) async fn scheduled_pickup(
         .concurrency(8)
         .poll_interval(Duration::from_secs(5))
         .gauge_interval(None)
-        .build();
+        .build()?;
     let stop = CancellationToken::new();
     let run = {
         let stop = stop.clone();

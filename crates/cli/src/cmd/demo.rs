@@ -196,7 +196,7 @@ pub(crate) fn run(_global: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
             .gauge_interval(None)
             .poll_interval(POLL_INTERVAL)
             .seed(a.seed)
-            .build();
+            .build()?;
         sim.reset();
         let t0 = Utc::now();
         let started = Instant::now();

@@ -46,7 +46,7 @@ pub(crate) fn policies() -> anyhow::Result<(PolicySet, RetryPolicy)> {
                 ],
                 Duration::from_secs(10),
             )?,
-            Jitter::Proportional(0.2),
+            Jitter::proportional(0.2)?,
             3,
         )
         .with_max_exceptions(5)

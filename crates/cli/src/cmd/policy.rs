@@ -4,8 +4,7 @@ use crate::out::{out, outln};
 use std::process::ExitCode;
 
 use redrive_policy::{
-    Backoff, ExplainRow, Explanation, ExponentialBuilder, Jitter, PolicyError, RetryPolicy,
-    explain, format_duration,
+    Backoff, ExplainRow, Explanation, Jitter, PolicyError, RetryPolicy, explain, format_duration,
 };
 
 use crate::args::{Global, PolicyCommand, PolicyShowArgs};
@@ -41,14 +40,14 @@ fn render_declines(p: &RetryPolicy, quotas: &redrive_policy::QuotaRules) -> Stri
     let _ = writeln!(
         out,
         "after a card decline (retry later = {}; per-card reattempt quotas {}):",
-        format_duration(p.decline_retry_later),
+        format_duration(p.decline_retry_later()),
         quotas
             .iter()
             .filter(|(_, w)| !w.is_empty())
             .map(|(n, ws)| format!(
                 "{n} {}",
                 ws.iter()
-                    .map(|w| format!("{}/{}", w.max, format_duration(w.window)))
+                    .map(|w| format!("{}/{}", w.max(), format_duration(w.window())))
                     .collect::<Vec<_>>()
                     .join(" + ")
             ))
@@ -102,18 +101,18 @@ fn resolve(global: &Global, a: &PolicyShowArgs) -> anyhow::Result<RetryPolicy> {
         Some(path) => policies::load_file(path)?,
         None => policies::load(global)?,
     };
-    let mut policy = match (&a.name, &a.file) {
+    let policy = match (&a.name, &a.file) {
         (Some(name), _) => set.get(name).map_err(|e| usage(e.to_string()))?.clone(),
         (None, Some(path)) => {
             let own: Vec<_> = set
                 .policies()
-                .filter(|p| !RetryPolicy::PRESETS.contains(&p.name.as_str()))
+                .filter(|p| !RetryPolicy::PRESETS.contains(&p.name()))
                 .collect();
             match own.as_slice() {
                 [one] => (*one).clone(),
                 [] => return Err(usage(format!("{} defines no policy", path.display()))),
                 many => {
-                    let names: Vec<_> = many.iter().map(|p| p.name.as_str()).collect();
+                    let names: Vec<_> = many.iter().map(|p| p.name()).collect();
                     return Err(usage(format!(
                         "{} defines several policies ({}); name the one to show",
                         path.display(),
@@ -132,33 +131,31 @@ fn resolve(global: &Global, a: &PolicyShowArgs) -> anyhow::Result<RetryPolicy> {
         }
     };
     if has_flags(a) {
-        apply_flags(&mut policy, a).map_err(|e| usage(flag_message(e)))?;
+        return apply_flags(policy, a).map_err(|e| usage(flag_message(e)));
     }
     Ok(policy)
 }
 
-fn apply_flags(p: &mut RetryPolicy, a: &PolicyShowArgs) -> Result<(), PolicyError> {
-    let r = &mut p.retry;
+fn apply_flags(p: RetryPolicy, a: &PolicyShowArgs) -> Result<RetryPolicy, PolicyError> {
+    let old = p.retry().backoff().clone();
+    let mut b = p.into_builder();
     if a.base.is_some() || a.cap.is_some() || a.multiplier.is_some() {
-        let (base, mult) = match r.backoff {
-            Backoff::Exponential {
-                base, multiplier, ..
-            } => (base, multiplier),
-            _ => (r.backoff.base(), 2.0),
-        };
-        r.backoff = ExponentialBuilder::new()
-            .with_base(a.base.unwrap_or(base))
-            .with_multiplier(a.multiplier.unwrap_or(mult))
-            .with_cap(a.cap.unwrap_or(r.backoff.cap()))
-            .build()?;
+        let (base, mult) = (old.base(), old.multiplier().unwrap_or(2.0));
+        b = b.with_backoff(
+            Backoff::exponential()
+                .with_base(a.base.unwrap_or(base))
+                .with_multiplier(a.multiplier.unwrap_or(mult))
+                .with_cap(a.cap.unwrap_or(old.cap()))
+                .build()?,
+        );
     }
     if let Some(j) = &a.jitter {
-        r.jitter = j.parse::<Jitter>()?;
+        b = b.with_jitter(j.parse::<Jitter>()?);
     }
     if let Some(n) = a.attempts {
-        r.max_attempts = n;
+        b = b.with_max_attempts(n);
     }
-    p.validate()
+    b.build()
 }
 
 /// Names the flag rather than the policy field.
@@ -217,26 +214,26 @@ fn then(r: &ExplainRow) -> String {
 fn render(p: &RetryPolicy, e: &Explanation) -> String {
     use std::fmt::Write;
     let mut out = String::new();
-    let defer = p.defer.as_ref().map_or(0, |d| d.max_defers);
+    let defer = p.defer().map_or(0, |d| d.max_defers());
     let _ = writeln!(
         out,
         "policy {}: at most {} attempts ({} retry{}), jitter {}, in-process waits up to {}, Retry-After clamped to {}{}{}",
         e.policy,
         e.max_attempts_total,
-        p.retry.max_attempts,
+        p.retry().max_attempts(),
         if defer > 0 {
             format!(" + {defer} defer")
         } else {
             String::new()
         },
-        p.retry.jitter,
-        format_duration(p.retry.in_process_max_wait),
-        format_duration(p.retry.retry_after_max),
-        p.retry
-            .window
+        p.retry().jitter(),
+        format_duration(p.retry().in_process_max_wait()),
+        format_duration(p.retry().retry_after_max()),
+        p.retry()
+            .window()
             .map(|w| format!(", retry window {}", format_duration(w)))
             .unwrap_or_default(),
-        p.deadline
+        p.deadline()
             .map(|w| format!(", deadline {}", format_duration(w)))
             .unwrap_or_default(),
     );

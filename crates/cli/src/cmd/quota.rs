@@ -45,8 +45,8 @@ pub(crate) async fn usage_of(
             .into_iter()
             .map(|w| WindowUse {
                 network: w.network,
-                window: format_duration(w.window.window),
-                max: w.window.max,
+                window: format_duration(w.window.window()),
+                max: w.window.max(),
                 used: w.used,
                 frees_at: w.frees_at,
             })

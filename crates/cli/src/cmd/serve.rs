@@ -61,7 +61,7 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
             .policies(set.clone())
             .concurrency(a.workers as usize)
             .gauge_interval(None);
-            let w = crate::cmd::schedule::housekeeping(w, &a.housekeeping).try_build()?;
+            let w = crate::cmd::schedule::housekeeping(w, &a.housekeeping).build()?;
             let health = w.health();
             let run = {
                 let stop = stop.clone();

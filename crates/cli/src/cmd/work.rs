@@ -86,7 +86,7 @@ pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
             .max_jobs(a.max_jobs)
             // The gauges that need the database, from the pool's loop (one task).
             .gauge_interval(Some(a.metrics_refresh));
-        let worker = crate::cmd::schedule::housekeeping(worker, &a.housekeeping).try_build()?;
+        let worker = crate::cmd::schedule::housekeeping(worker, &a.housekeeping).build()?;
         crate::cmd::schedule::upsert_file_schedules(global, &store_for_schedules).await?;
         let total: Summary = if a.until_idle {
             let total = worker.run_until_idle().await?;

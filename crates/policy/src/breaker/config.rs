@@ -22,31 +22,33 @@ pub enum Window {
     },
 }
 
-/// A breaker's configuration. Build it with [`BreakerConfig::builder`].
+/// A breaker's configuration. Build it with [`BreakerConfig::builder`]; the fields are private
+/// and checked by [`BreakerConfigBuilder::build`], so every value is in range. Read them with the
+/// accessors of the same name.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BreakerConfig {
     /// The sliding window.
-    pub window: Window,
+    window: Window,
     /// Open when failures / calls ≥ this (0 < rate ≤ 1).
-    pub failure_rate: f64,
+    failure_rate: f64,
     /// …and at least this many calls are in the window.
-    pub minimum_calls: u32,
+    minimum_calls: u32,
     /// A call slower than this is slow; `None`: slow calls are not tracked.
-    pub slow_call_duration: Option<Duration>,
+    slow_call_duration: Option<Duration>,
     /// Open when slow calls / calls ≥ this.
-    pub slow_call_rate: f64,
+    slow_call_rate: f64,
     /// How long the breaker stays open the first time.
-    pub open_cooldown: Duration,
+    open_cooldown: Duration,
     /// Each further opening without a close in between multiplies the cool-down by this.
-    pub cooldown_multiplier: f64,
+    cooldown_multiplier: f64,
     /// The cool-down never exceeds this (jitter included).
-    pub cooldown_max: Duration,
+    cooldown_max: Duration,
     /// The cool-down is spread by `proportional(f)` jitter with this `f` (0: none).
-    pub cooldown_jitter: f64,
+    cooldown_jitter: f64,
     /// Probes admitted per half-open round.
-    pub half_open_probes: u32,
+    half_open_probes: u32,
     /// A half-open round whose probes have not all answered after this starts a new round.
-    pub half_open_timeout: Duration,
+    half_open_timeout: Duration,
     failure_mask: u8,
     ignored_mask: u8,
 }
@@ -59,6 +61,61 @@ impl BreakerConfig {
     /// A builder with the defaults.
     pub const fn builder() -> BreakerConfigBuilder {
         BreakerConfigBuilder::new()
+    }
+
+    /// The sliding window.
+    pub const fn window(&self) -> Window {
+        self.window
+    }
+
+    /// Open when failures / calls ≥ this (0 < rate ≤ 1).
+    pub const fn failure_rate(&self) -> f64 {
+        self.failure_rate
+    }
+
+    /// …and at least this many calls are in the window.
+    pub const fn minimum_calls(&self) -> u32 {
+        self.minimum_calls
+    }
+
+    /// A call slower than this is slow; `None`: slow calls are not tracked.
+    pub const fn slow_call_duration(&self) -> Option<Duration> {
+        self.slow_call_duration
+    }
+
+    /// Open when slow calls / calls ≥ this.
+    pub const fn slow_call_rate(&self) -> f64 {
+        self.slow_call_rate
+    }
+
+    /// How long the breaker stays open the first time.
+    pub const fn open_cooldown(&self) -> Duration {
+        self.open_cooldown
+    }
+
+    /// Each further opening without a close in between multiplies the cool-down by this.
+    pub const fn cooldown_multiplier(&self) -> f64 {
+        self.cooldown_multiplier
+    }
+
+    /// The cool-down never exceeds this (jitter included).
+    pub const fn cooldown_max(&self) -> Duration {
+        self.cooldown_max
+    }
+
+    /// The cool-down is spread by `proportional(f)` jitter with this `f` (0: none).
+    pub const fn cooldown_jitter(&self) -> f64 {
+        self.cooldown_jitter
+    }
+
+    /// Probes admitted per half-open round.
+    pub const fn half_open_probes(&self) -> u32 {
+        self.half_open_probes
+    }
+
+    /// A half-open round whose probes have not all answered after this starts a new round.
+    pub const fn half_open_timeout(&self) -> Duration {
+        self.half_open_timeout
     }
 
     /// How a call of this class counts.

@@ -43,7 +43,7 @@ fn ts(ms: i64) -> Timestamp {
 impl CircuitBreaker {
     /// A closed breaker; `seed` seeds the cool-down jitter.
     pub fn new(config: BreakerConfig, seed: u64) -> Self {
-        let window = WindowState::new(config.window);
+        let window = WindowState::new(config.window());
         Self {
             config,
             state: BreakerState::Closed,
@@ -121,11 +121,11 @@ impl CircuitBreaker {
                 (Admission::Probe, Some(t))
             }
             BreakerState::HalfOpen => {
-                let timeout_ms = self.config.half_open_timeout.as_millis() as i64;
+                let timeout_ms = self.config.half_open_timeout().as_millis() as i64;
                 if now_ms - self.round_started_ms >= timeout_ms {
                     // The probes of the last round never answered: start a new round.
                     self.round_started_ms = now_ms;
-                    self.permits_left = self.config.half_open_probes;
+                    self.permits_left = self.config.half_open_probes();
                     self.probe_successes = 0;
                     self.probe_failures = 0;
                 }
@@ -170,15 +170,15 @@ impl CircuitBreaker {
                 let now_ms = ms_of(now);
                 let slow = self
                     .config
-                    .slow_call_duration
+                    .slow_call_duration()
                     .is_some_and(|d| duration >= d);
                 self.window.add(failure, slow, now_ms);
                 let c = self.window.totals(now_ms);
-                if c.calls < self.config.minimum_calls {
+                if c.calls < self.config.minimum_calls() {
                     return None;
                 }
                 let rate = f64::from(c.failures) / f64::from(c.calls);
-                if failure && rate >= self.config.failure_rate {
+                if failure && rate >= self.config.failure_rate() {
                     return Some(self.trip_open(
                         now,
                         TransitionReason::FailureRate {
@@ -188,7 +188,7 @@ impl CircuitBreaker {
                     ));
                 }
                 let slow_rate = f64::from(c.slow) / f64::from(c.calls);
-                if slow && slow_rate >= self.config.slow_call_rate {
+                if slow && slow_rate >= self.config.slow_call_rate() {
                     return Some(self.trip_open(
                         now,
                         TransitionReason::SlowCallRate {
@@ -210,7 +210,7 @@ impl CircuitBreaker {
                 if self.probe_failures >= reopen {
                     return Some(self.trip_open(now, TransitionReason::ProbeFailed));
                 }
-                if self.probe_successes > self.config.half_open_probes - reopen {
+                if self.probe_successes > self.config.half_open_probes() - reopen {
                     return Some(self.enter_closed(now, TransitionReason::ProbesSucceeded));
                 }
                 None
@@ -270,7 +270,7 @@ impl CircuitBreaker {
                 }
                 self.state = BreakerState::HalfOpen;
                 self.round_started_ms = ms_of(now);
-                self.permits_left = self.config.half_open_probes;
+                self.permits_left = self.config.half_open_probes();
                 self.probe_successes = 0;
                 self.probe_failures = 0;
             }
@@ -296,11 +296,12 @@ impl CircuitBreaker {
         let from = self.state;
         self.openings = self.openings.saturating_add(1);
         let nominal = self.config.cooldown(self.openings);
-        let cooldown = if self.config.cooldown_jitter > 0.0 {
-            Jitter::Proportional(self.config.cooldown_jitter).apply(
+        // A validated config's cooldown_jitter is 0 (no jitter) or in (0, 10].
+        let cooldown = if let Ok(jitter) = Jitter::proportional(self.config.cooldown_jitter()) {
+            jitter.apply(
                 nominal,
                 nominal,
-                self.config.cooldown_max,
+                self.config.cooldown_max(),
                 None,
                 &mut self.rng,
             )
@@ -325,7 +326,7 @@ impl CircuitBreaker {
         let from = self.state;
         self.state = BreakerState::HalfOpen;
         self.round_started_ms = ms_of(now);
-        self.permits_left = self.config.half_open_probes;
+        self.permits_left = self.config.half_open_probes();
         self.probe_successes = 0;
         self.probe_failures = 0;
         Transition {

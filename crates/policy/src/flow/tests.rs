@@ -119,7 +119,7 @@ fn the_fleet_gets_at_most_the_rounds_permits() {
 fn round(c: &FlowConfig, results: &[CallResult]) -> (FlowRow, Vec<Transition>) {
     let mut row = open_row(c, t0());
     let mut ts = vec![];
-    for _ in 0..c.breaker.half_open_probes {
+    for _ in 0..c.breaker.half_open_probes() {
         let s = c.apply(&row, FlowEvent::TakeProbe, at_ms(1000), &mut rng());
         ts.extend(s.transition);
         row = s.row;
@@ -648,8 +648,8 @@ proptest! {
             };
             if s.grant == Grant::Probe { outstanding += 1; }
             if s.row.state != before || s.row.round_started != row.round_started { outstanding = u32::from(s.grant == Grant::Probe); }
-            prop_assert!(outstanding <= c.breaker.half_open_probes);
-            prop_assert!(s.row.probe_permits <= c.breaker.half_open_probes);
+            prop_assert!(outstanding <= c.breaker.half_open_probes());
+            prop_assert!(s.row.probe_permits <= c.breaker.half_open_probes());
             row = s.row;
         }
     }

@@ -521,7 +521,7 @@ fn presets_are_valid_and_match_the_issue() {
     let c = RetryPolicy::classic();
     assert_eq!(c.retry.max_attempts, 5);
     assert_eq!(c.max_exceptions, Some(3));
-    assert_eq!(c.retry.jitter, Jitter::Proportional(0.5));
+    assert_eq!(c.retry.jitter, Jitter::proportional(0.5).unwrap());
     assert_eq!(c.retry.backoff.cap(), secs(60));
     assert!(RetryPolicy::preset("nope").is_none());
 }
@@ -545,6 +545,142 @@ fn invalid_fields_are_named() {
     assert!(e.to_string().contains("max_exceptions"), "{e}");
     let e = RetryPolicy::builder("bad name").build().unwrap_err();
     assert!(e.to_string().contains("name"), "{e}");
+}
+
+#[test]
+fn every_field_is_refused_out_of_range_by_build() {
+    let b = || RetryPolicy::builder("x");
+    let one = Backoff::constant(secs(1)).unwrap();
+    let cases: Vec<(RetryPolicyBuilder, &str)> = vec![
+        (
+            b().with_max_attempts(MAX_ATTEMPTS_LIMIT + 1),
+            "invalid retry.max_attempts = 1001: must be from 1 to 1000",
+        ),
+        (
+            b().with_window(Duration::ZERO),
+            "invalid retry.window = 0ms",
+        ),
+        (
+            b().with_window(MAX_DEADLINE + secs(1)),
+            "invalid retry.window = ",
+        ),
+        (
+            b().with_retry_after_max(Duration::ZERO),
+            "invalid retry.retry_after_max = 0ms",
+        ),
+        (
+            b().with_defer(one.clone(), Jitter::Full, 0),
+            "invalid defer.max_defers = 0: must be from 1 to 1000",
+        ),
+        (
+            b().with_defer(one.clone(), Jitter::Full, MAX_DEFERS_LIMIT + 1),
+            "invalid defer.max_defers = 1001",
+        ),
+        (b().with_deadline(Duration::ZERO), "invalid deadline = 0ms"),
+        (
+            b().with_decline_retry_later(Duration::ZERO),
+            "invalid declines.retry_later = 0ms",
+        ),
+        (
+            b().with_blocked_jitter(secs(3601)),
+            "invalid blocked_jitter = ",
+        ),
+        (b().with_name(""), "invalid name = \"\""),
+        (b().with_name("a".repeat(65)), "invalid name = "),
+    ];
+    for (builder, want) in cases {
+        let e = builder.build().unwrap_err().to_string();
+        assert!(e.starts_with(want), "{e:?} should start with {want:?}");
+    }
+    for bad in [0, MAX_DEFERS_LIMIT + 1] {
+        let e = DeferPhase::new(one.clone(), Jitter::Full, bad).unwrap_err();
+        assert!(e.to_string().contains("defer.max_defers"), "{e}");
+    }
+    let d = DeferPhase::new(one.clone(), Jitter::None, MAX_DEFERS_LIMIT).unwrap();
+    assert_eq!(
+        (d.schedule(), d.jitter(), d.max_defers()),
+        (&one, Jitter::None, MAX_DEFERS_LIMIT)
+    );
+}
+
+#[test]
+fn into_builder_keeps_every_field_and_the_without_setters_clear_them() {
+    for name in RetryPolicy::PRESETS {
+        let p = RetryPolicy::preset(name).unwrap();
+        assert_eq!(p.clone().into_builder().build().unwrap(), p);
+    }
+    let p = RetryPolicy::payment()
+        .into_builder()
+        .with_name("other")
+        .without_defer()
+        .without_deadline()
+        .without_max_exceptions()
+        .without_window()
+        .build()
+        .unwrap();
+    assert_eq!(p.name(), "other");
+    assert_eq!(p.defer(), None);
+    assert_eq!(p.deadline(), None);
+    assert_eq!(p.max_exceptions(), None);
+    assert_eq!(p.retry().window(), None);
+    assert_eq!(
+        p.retry().backoff(),
+        RetryPolicy::payment().retry().backoff()
+    );
+    let d = DeferPhase::new(Backoff::constant(secs(60)).unwrap(), Jitter::None, 2).unwrap();
+    let p = p
+        .into_builder()
+        .with_defer_phase(d.clone())
+        .build()
+        .unwrap();
+    assert_eq!(p.defer(), Some(&d));
+    assert_eq!(p.total_max_attempts(), 12);
+}
+
+proptest! {
+    /// Whatever values a builder is given, `build` refuses them or the policy decides every
+    /// outcome without panicking.
+    #[test]
+    fn built_policies_never_panic(
+        attempts in 0u32..1100,
+        window_s in proptest::option::of(0u64..40_000_000),
+        in_process_s in 0u64..400,
+        retry_after_s in 0u64..100_000,
+        defers in proptest::option::of(0u32..1100),
+        exceptions in proptest::option::of(0u32..20),
+        deadline_s in proptest::option::of(0u64..40_000_000),
+        blocked_s in 0u64..4000,
+        counters in (0u32..2000, 0u32..30, 0u32..2000, 0u32..3),
+        outcome in arb_outcome(),
+        seed in any::<u64>(),
+    ) {
+        let mut b = RetryPolicy::builder("p")
+            .with_max_attempts(attempts)
+            .with_in_process_max_wait(secs(in_process_s))
+            .with_retry_after_max(secs(retry_after_s))
+            .with_blocked_jitter(secs(blocked_s));
+        if let Some(w) = window_s { b = b.with_window(secs(w)); }
+        if let Some(n) = defers {
+            b = b.with_defer(Backoff::schedule(vec![secs(60)], secs(60)).unwrap(), Jitter::Full, n);
+        }
+        if let Some(n) = exceptions { b = b.with_max_exceptions(n); }
+        if let Some(d) = deadline_s { b = b.with_deadline(secs(d)); }
+        let Ok(p) = b.build() else { return Ok(()) };
+        prop_assert!(p.retry().max_attempts() >= 1);
+        let now = t0();
+        let c = JobCounters {
+            attempts: counters.0,
+            exceptions: counters.1,
+            defers: counters.2,
+            consecutive_auth: counters.3,
+            first_attempt_at: Some(now),
+            deadline: p.deadline_from(now),
+            prev_delay: None,
+        };
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let v = p.decide(&c, &outcome, now, &mut rng);
+        prop_assert!(v.counters.attempts >= c.attempts);
+    }
 }
 
 fn arb_outcome() -> impl Strategy<Value = Outcome> {

@@ -80,7 +80,7 @@ pub const DEFAULT_DEPENDENCY_REFRESH: Duration = Duration::from_millis(20);
 /// Seed of the jitter RNGs by default ([`WorkerBuilder::seed`]).
 pub const DEFAULT_SEED: u64 = 0x5eed;
 
-/// A worker setting out of its bounds ([`WorkerBuilder::try_build`]).
+/// A worker setting out of its bounds ([`WorkerBuilder::build`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
@@ -350,23 +350,13 @@ impl WorkerBuilder {
         Ok(())
     }
 
-    /// The worker, or the first setting out of its bounds ([`WorkerBuilder::validate`]).
-    pub fn try_build(self) -> Result<Worker, ConfigError> {
+    /// The worker, or the first setting out of its bounds ([`WorkerBuilder::validate`]): no
+    /// setting is clamped; a concurrency of 0 or a lease of 100 ms is refused, naming it.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the first setting out of its bounds, its value and the bound.
+    pub fn build(self) -> Result<Worker, ConfigError> {
         self.validate()?;
-        Ok(self.build())
-    }
-
-    /// The worker, with each setting out of its bounds brought to the nearest bound (a
-    /// concurrency of 0 runs 1 job at once, a lease of 100 ms lasts 300 ms). Use
-    /// [`WorkerBuilder::try_build`] to refuse such settings instead.
-    pub fn build(mut self) -> Worker {
-        self.concurrency = self.concurrency.clamp(1, MAX_CONCURRENCY);
-        self.claim_batch = self.claim_batch.map(|n| n.max(1));
-        self.lease = self.lease.max(MIN_LEASE);
-        self.heartbeat = self.heartbeat.map(|d| d.max(MIN_HEARTBEAT));
-        self.poll = self.poll.max(MIN_POLL_INTERVAL);
-        self.rescue_every = self.rescue_every.max(MIN_RESCUE_INTERVAL);
-        self.registry_heartbeat = self.registry_heartbeat.max(MIN_REGISTRY_HEARTBEAT);
         let db = Db::new(self.store.clone(), self.store_runtime.clone());
         let fleet = Fleet::new(
             db.clone(),
@@ -379,7 +369,7 @@ impl WorkerBuilder {
             .keys()
             .map(|k| (k.clone(), Arc::new(AuthGate::default())))
             .collect();
-        Worker {
+        Ok(Worker {
             shared: Arc::new(Shared {
                 config: self,
                 db,
@@ -387,7 +377,7 @@ impl WorkerBuilder {
                 auth,
                 health: PoolHealth::default(),
             }),
-        }
+        })
     }
 }
 
@@ -483,10 +473,27 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn try_build_refuses_and_build_clamps() {
-        assert!(builder().await.concurrency(0).try_build().is_err());
-        let w = builder().await.concurrency(0).lease(ms(100)).build();
+    async fn build_refuses_what_validate_refuses_and_clamps_nothing() {
+        let e = builder().await.concurrency(0).build().err().unwrap();
+        assert_eq!(e.to_string(), "concurrency must be 1..=10000, got 0");
+        let e = builder().await.lease(ms(100)).build().err().unwrap();
+        assert_eq!(e.to_string(), "lease must be at least 300ms, got 100ms");
+        let e = builder().await.claim_batch(0).build().err().unwrap();
+        assert_eq!(e, ConfigError::ClaimBatch { value: 0 });
+        // At the bounds, the values are kept as given.
+        let w = builder()
+            .await
+            .concurrency(1)
+            .lease(MIN_LEASE)
+            .build()
+            .unwrap();
         assert_eq!(w.shared.config.concurrency, 1);
         assert_eq!(w.shared.config.lease, MIN_LEASE);
+        let w = builder()
+            .await
+            .concurrency(MAX_CONCURRENCY)
+            .build()
+            .unwrap();
+        assert_eq!(w.shared.config.concurrency, MAX_CONCURRENCY);
     }
 }

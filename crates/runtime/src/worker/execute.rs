@@ -234,72 +234,13 @@ impl Run {
     /// flight (bulkhead), if any.
     async fn admit(&self, claim: &mut Claim<'_>) -> Phase<Admitted> {
         let job = claim.job;
-        let clock = &self.shared.config.clock;
         let mut probe = false;
         if let (Some(dep), Some(_)) = (&job.dependency, &claim.handler) {
-            let now = clock.now();
-            let retry = claim.counters.attempts > 0;
-            // What is left of the wait in process, after a wait for the reservation horizon.
-            let full = claim.policy.retry.in_process_max_wait;
-            let max_wait = claim.waited_since.map_or(full, |t: Timestamp| {
-                full.saturating_sub((now - t).to_std().unwrap_or_default())
-            });
-            let waited = claim.waited_since.is_some();
-            let gate = self
-                .shared
-                .fleet
-                .admit(dep, retry, max_wait, waited, now)
-                .await;
-            if let Ok(Gate::At { at } | Gate::Wait { until: at }) = gate {
-                // A send slot of the dependency's rate limit, or the time to reserve one:
-                // wait for it, holding the lease (at most in_process_max_wait).
-                let wait = (at - now).to_std().unwrap_or_default();
-                tokio::select! {
-                    biased;
-                    _ = claim.lost.cancelled() => {
-                        lost_lease(&mut claim.summary);
-                        return Phase::End(Ok(claim.summary));
-                    }
-                    _ = self.stop.cancelled() => return Phase::End(self.release(claim).await),
-                    _ = tokio::time::sleep(wait) => {}
-                }
-                if matches!(gate, Ok(Gate::Wait { .. })) {
-                    claim.waited_since.get_or_insert(now);
-                    return Phase::Again;
-                }
-            }
-            claim.waited_since = None;
-            // After the wait for a send slot the breaker may have opened, or the
-            // dependency been paused: look again before calling (after a store write,
-            // `admit` has looked already).
-            let (gate, now) = match gate {
-                Ok(Gate::At { at }) if at > now => {
-                    let now = clock.now();
-                    (self.shared.fleet.at_slot(dep, false, now).await, now)
-                }
-                gate => (gate, now),
+            probe = match self.gate(claim, dep).await {
+                Phase::Next(p) => p,
+                Phase::Again => return Phase::Again,
+                Phase::End(end) => return Phase::End(end),
             };
-            match gate {
-                Ok(Gate::Go { probe: p }) => probe = p,
-                Ok(Gate::At { .. } | Gate::Wait { .. }) => {}
-                Ok(Gate::Blocked { until, reason }) => {
-                    let action = claim.policy.decide_blocked(
-                        &claim.counters,
-                        until,
-                        reason,
-                        now,
-                        &mut claim.rng,
-                    );
-                    let (transition, _) = plan(action, &serde_json::Value::Null);
-                    return Phase::End(self.end_unattempted(claim, transition).await);
-                }
-                Err(e) => {
-                    // The store is unreachable: the breaker cannot be consulted, and the
-                    // attempt could not be recorded either; call (fail open) and let the
-                    // write below retry.
-                    tracing::warn!(dependency = %dep, "reading the dependency failed: {e}");
-                }
-            }
         }
         // The per-process cap on calls in flight to the dependency (bulkhead), if any.
         let mut inflight = None;
@@ -311,6 +252,73 @@ impl Run {
             inflight = sem.acquire_owned().await.ok();
         }
         Phase::Next(Admitted { probe, inflight })
+    }
+
+    /// The fleet's gate for one dependency: wait for a send slot (holding the lease, at most
+    /// `in_process_max_wait`), look again after the wait, and end the claim unattempted when the
+    /// dependency is open or paused. Goes on with whether the call is the breaker's probe.
+    async fn gate(&self, claim: &mut Claim<'_>, dep: &str) -> Phase<bool> {
+        let clock = &self.shared.config.clock;
+        let now = clock.now();
+        let retry = claim.counters.attempts > 0;
+        // What is left of the wait in process, after a wait for the reservation horizon.
+        let full = claim.policy.retry().in_process_max_wait();
+        let max_wait = claim.waited_since.map_or(full, |t: Timestamp| {
+            full.saturating_sub((now - t).to_std().unwrap_or_default())
+        });
+        let waited = claim.waited_since.is_some();
+        let gate = (self.shared.fleet)
+            .admit(dep, retry, max_wait, waited, now)
+            .await;
+        if let Ok(Gate::At { at } | Gate::Wait { until: at }) = gate {
+            // A send slot of the dependency's rate limit, or the time to reserve one:
+            // wait for it, holding the lease (at most in_process_max_wait).
+            let wait = (at - now).to_std().unwrap_or_default();
+            tokio::select! {
+                biased;
+                _ = claim.lost.cancelled() => {
+                    lost_lease(&mut claim.summary);
+                    return Phase::End(Ok(claim.summary));
+                }
+                _ = self.stop.cancelled() => return Phase::End(self.release(claim).await),
+                _ = tokio::time::sleep(wait) => {}
+            }
+            if matches!(gate, Ok(Gate::Wait { .. })) {
+                claim.waited_since.get_or_insert(now);
+                return Phase::Again;
+            }
+        }
+        claim.waited_since = None;
+        // After the wait for a send slot the breaker may have opened, or the dependency been
+        // paused: look again before calling (after a store write, `admit` has looked already).
+        let (gate, now) = match gate {
+            Ok(Gate::At { at }) if at > now => {
+                let now = clock.now();
+                (self.shared.fleet.at_slot(dep, false, now).await, now)
+            }
+            gate => (gate, now),
+        };
+        match gate {
+            Ok(Gate::Go { probe }) => Phase::Next(probe),
+            Ok(Gate::At { .. } | Gate::Wait { .. }) => Phase::Next(false),
+            Ok(Gate::Blocked { until, reason }) => {
+                let action = (claim.policy).decide_blocked(
+                    &claim.counters,
+                    until,
+                    reason,
+                    now,
+                    &mut claim.rng,
+                );
+                let (transition, _) = plan(action, &serde_json::Value::Null);
+                Phase::End(self.end_unattempted(claim, transition).await)
+            }
+            Err(e) => {
+                // The store is unreachable: the breaker cannot be consulted, and the attempt
+                // could not be recorded either; call (fail open) and let the write below retry.
+                tracing::warn!(dependency = %dep, "reading the dependency failed: {e}");
+                Phase::Next(false)
+            }
+        }
     }
 
     /// Card rules: after a decline, the networks' reattempt rules and the card's quotas may
@@ -365,27 +373,7 @@ impl Run {
         let generation = (claim.auth.as_ref()).map(|a| a.generation.load(Ordering::SeqCst));
         let started = clock.now();
         let t0 = tokio::time::Instant::now();
-        let ctx = JobContext {
-            job_id: job.id,
-            queue: job.queue.clone(),
-            kind: job.kind.clone(),
-            attempt: claim.counters.attempts + 1,
-            key: job.key.clone(),
-            dependency: job.dependency.clone(),
-            lease_token: claim.lease.token,
-            payload: job.payload.clone(),
-            cancel: claim.cancel.clone(),
-            declines: claim.declines_seen,
-            traceparent: job.traceparent.clone(),
-        };
-        // One span per attempt, in the trace of the job's `traceparent` (with the `otel`
-        // feature); the handler runs inside it, so its outbound call joins the trace.
-        let span = tracing::info_span!("attempt", job = job.id, queue = %job.queue,
-            kind = %job.kind, key = job.key.as_deref().unwrap_or(""),
-            dependency = job.dependency.as_deref().unwrap_or(""), attempt = ctx.attempt,
-            class = tracing::field::Empty, decision = tracing::field::Empty,
-            why = tracing::field::Empty);
-        crate::trace::set_parent(&span, job.traceparent.as_deref());
+        let (ctx, span) = attempt_context(claim);
         let calling = job.dependency.as_deref().map(metrics::Inflight::start);
         let mut attempted = match &claim.handler {
             None => Attempted::failure(
@@ -418,22 +406,7 @@ impl Run {
             (&attempted.outcome, &claim.handler)
             && let Some(q) = h.query_status(ctx.clone())
         {
-            match q.await {
-                StatusAnswer::Succeeded(v) => {
-                    attempted = Attempted {
-                        outcome: Outcome::Success,
-                        result: v,
-                        ..attempted
-                    };
-                }
-                StatusAnswer::NotFound => {
-                    attempted.outcome = Outcome::Timeout { idempotent: true };
-                }
-                StatusAnswer::Unknown(why) => {
-                    let e = attempted.error.take().unwrap_or_default();
-                    attempted.error = Some(format!("{e}; status query: {why}"));
-                }
-            }
+            settle_by_status(&mut attempted, q.await);
         }
         let took = t0.elapsed();
         drop(calling);
@@ -719,5 +692,48 @@ fn plan(action: Action, result: &serde_json::Value) -> (Transition, Step) {
             Step::Ended,
         ),
         Action::Dead { reason } => (Transition::Dead { reason }, Step::Ended),
+    }
+}
+
+/// The handler's context for the claim's next attempt, and the attempt's span: in the trace of
+/// the job's `traceparent` (with the `otel` feature), so the handler's outbound call joins it.
+fn attempt_context(claim: &Claim<'_>) -> (JobContext, tracing::Span) {
+    let job = claim.job;
+    let ctx = JobContext {
+        job_id: job.id,
+        queue: job.queue.clone(),
+        kind: job.kind.clone(),
+        attempt: claim.counters.attempts + 1,
+        key: job.key.clone(),
+        dependency: job.dependency.clone(),
+        lease_token: claim.lease.token,
+        payload: job.payload.clone(),
+        cancel: claim.cancel.clone(),
+        declines: claim.declines_seen,
+        traceparent: job.traceparent.clone(),
+    };
+    let span = tracing::info_span!("attempt", job = job.id, queue = %job.queue,
+        kind = %job.kind, key = job.key.as_deref().unwrap_or(""),
+        dependency = job.dependency.as_deref().unwrap_or(""), attempt = ctx.attempt,
+        class = tracing::field::Empty, decision = tracing::field::Empty,
+        why = tracing::field::Empty);
+    crate::trace::set_parent(&span, job.traceparent.as_deref());
+    (ctx, span)
+}
+
+/// An ambiguous timeout settled by the dependency's answer to a status query: it succeeded
+/// (a success with its result), it never arrived (safe to repeat), or unknown (the answer
+/// joins the error).
+fn settle_by_status(attempted: &mut Attempted, answer: StatusAnswer) {
+    match answer {
+        StatusAnswer::Succeeded(v) => {
+            attempted.outcome = Outcome::Success;
+            attempted.result = v;
+        }
+        StatusAnswer::NotFound => attempted.outcome = Outcome::Timeout { idempotent: true },
+        StatusAnswer::Unknown(why) => {
+            let e = attempted.error.take().unwrap_or_default();
+            attempted.error = Some(format!("{e}; status query: {why}"));
+        }
     }
 }

@@ -122,7 +122,7 @@ struct Shared {
 /// let dir = tempfile::tempdir().unwrap();
 /// let store = Store::connect(&format!("sqlite:{}", dir.path().join("q.db").display())).await.unwrap();
 /// store.enqueue(&NewJob::new("q", "noop", serde_json::json!({})), chrono::Utc::now()).await.unwrap();
-/// let summary = Worker::builder(store, vec!["q".into()]).handler("noop", Arc::new(Noop)).build()
+/// let summary = Worker::builder(store, vec!["q".into()]).handler("noop", Arc::new(Noop)).build().unwrap()
 ///     .run_until_idle().await.unwrap();
 /// assert_eq!(summary.succeeded, 1);
 /// # });

@@ -1,6 +1,12 @@
-//! The claim loop: housekeeping, free slots, one claim per pass, a task per claimed job, and
-//! the drain at the end of a run.
+//! The claim loop: housekeeping, free slots, claims (a few in flight at once), a task per
+//! claimed job, and the drain at the end of a run.
+//!
+//! Claims are pipelined: while one claim statement is in flight, the slots that free up
+//! gather for the next, which starts beside it (at most [`claim_lanes`] in flight). Each claim
+//! asks for no more jobs than the free slots it holds, so no job is claimed without a slot
+//! to run in, and the claims in flight count against `max_jobs` before they return.
 
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,15 +15,30 @@ use futures::FutureExt;
 use redrive_store::{ClaimParams, Job, Kinds};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::health::ClaimBackoff;
-use super::{Run, RuntimeError, Shared, Summary, Worker, absorb};
+use super::{Run, RuntimeError, Shared, Summary, Worker, absorb, panic_text};
 use crate::completer::Completer;
 use crate::metrics;
 
 /// How a job task ends: its job's id, and its summary, error or panic.
 pub(super) type TaskEnd = (i64, std::thread::Result<Result<Summary, RuntimeError>>);
+
+/// How a claim in flight ends: the slots it held (one per job it asked for), and the jobs,
+/// the store's error or the claim's panic.
+type ClaimEnd = (
+    Vec<OwnedSemaphorePermit>,
+    std::thread::Result<Result<Vec<Job>, redrive_store::StoreError>>,
+);
+
+/// Claims in flight at once on a backend: on PostgreSQL as many as the store runs at once
+/// (its claim permits); SQLite has one writer, so a second claim only waits its turn, but
+/// it is ready to go when the first commits (its jobs start while the next claim runs).
+fn claim_lanes(backend: &str) -> usize {
+    if backend == "sqlite" { 2 } else { 4 }
+}
 
 /// What a phase of the claim loop hands on: go on with this, start the next pass, or end.
 enum Pass<T> {
@@ -62,6 +83,23 @@ struct Pool {
     /// No queue list given: every queue in the store, looked up with the gauges.
     all_queues: bool,
     queues: Vec<String>,
+    /// Claims in flight, each a task holding the slots it claims into.
+    flying: JoinSet<ClaimEnd>,
+    /// The jobs each claim in flight asked for.
+    asked: HashMap<tokio::task::Id, u64>,
+    /// Jobs the claims in flight asked for (counted against `max_jobs` until they return).
+    asking: u64,
+    /// Claims in flight at most.
+    lanes: usize,
+    /// Free slots taken for the next claim.
+    gathered: Vec<OwnedSemaphorePermit>,
+    /// A quiet pool's wait for more free slots before it claims (see `claim_linger`).
+    linger_until: Option<Instant>,
+    /// A claim came back empty: no new claim until the claims in flight are back, then the
+    /// idle wait.
+    dry: bool,
+    /// A claim failed: no new claim before this.
+    retry_at: Option<Instant>,
 }
 
 impl Worker {
@@ -84,16 +122,19 @@ impl Worker {
             if pool.stop.is_cancelled() {
                 break;
             }
-            let left = (pool.shared.config.max_jobs).map(|m| m.saturating_sub(pool.claimed));
-            if left == Some(0) {
+            // What `max_jobs` leaves, the claims in flight counted as if they were full.
+            let left =
+                (pool.shared.config.max_jobs).map(|m| m.saturating_sub(pool.claimed + pool.asking));
+            if left == Some(0) && pool.flying.is_empty() {
                 break;
             }
             pool.housekeep().await;
-            pass!(pool.wait_for_a_queue().await);
-            let permits = pass!(pool.take_slots(left).await);
-            let (jobs, permits) = pass!(pool.claim(permits).await);
-            pool.spawn(jobs, permits);
+            if pool.flying.is_empty() {
+                pass!(pool.wait_for_a_queue().await);
+            }
+            pass!(pool.step(left).await);
         }
+        pool.settle().await;
         pool.drain().await;
         Ok(pool.total)
     }
@@ -131,6 +172,14 @@ impl Pool {
             last_rescue: None,
             last_gauges: None,
             last_maintain: None,
+            flying: JoinSet::new(),
+            asked: HashMap::new(),
+            asking: 0,
+            lanes: claim_lanes(shared.db.backend()),
+            gathered: Vec::new(),
+            linger_until: None,
+            dry: false,
+            retry_at: None,
             shared,
         }
     }
@@ -218,54 +267,73 @@ impl Pool {
         }
     }
 
-    /// Free slots to claim into: at least one, up to the batch (and what `max_jobs` leaves);
-    /// a busy worker lingers briefly so that one claim fills several.
-    async fn take_slots(&mut self, left: Option<u64>) -> Pass<Vec<OwnedSemaphorePermit>> {
+    /// One step of the claim loop: start a claim when slots and a lane are free, else wait
+    /// for the first of a claim coming back, a slot freeing up, the end of a quiet pool's
+    /// linger or of a failed claim's backoff, and shutdown. After an empty claim, once no
+    /// claim is in flight: the idle wait.
+    async fn step(&mut self, left: Option<u64>) -> Pass<()> {
         let config = &self.shared.config;
-        let first = tokio::select! {
-            biased;
-            _ = self.stop.cancelled() => return Pass::Stop,
-            p = self.slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return Pass::Stop },
-        };
-        let want = (self.batch as u64).min(left.unwrap_or(u64::MAX)) as usize;
-        let mut permits = vec![first];
-        while permits.len() < want {
-            match self.slots.clone().try_acquire_owned() {
-                Ok(p) => permits.push(p),
-                Err(_) => break,
-            }
+        if self.dry && self.flying.is_empty() {
+            self.dry = false;
+            return self.idle().await;
         }
-        // Busy: let a few more slots free up (briefly) so that one claim fills them.
-        let enough = (want.min(config.concurrency) / 4).max(1);
-        if permits.len() < enough && !self.tasks.is_empty() && !config.claim_linger.is_zero() {
-            let until = tokio::time::Instant::now() + config.claim_linger;
-            while permits.len() < enough {
-                tokio::select! {
-                    biased;
-                    _ = self.stop.cancelled() => break,
-                    p = self.slots.clone().acquire_owned() => match p {
-                        Ok(p) => permits.push(p),
-                        Err(_) => break,
-                    },
-                    _ = tokio::time::sleep_until(until) => break,
+        let want = (self.batch as u64).min(left.unwrap_or(u64::MAX)) as usize;
+        let open = self.flying.len() < self.lanes
+            && !self.dry
+            && self.retry_at.is_none()
+            && want > 0
+            && !self.queues.is_empty();
+        if open {
+            self.gathered.truncate(want);
+            while self.gathered.len() < want {
+                match self.slots.clone().try_acquire_owned() {
+                    Ok(p) => self.gathered.push(p),
+                    Err(_) => break,
                 }
             }
-            if self.stop.is_cancelled() {
-                // Shutdown arrived while lingering: claim nothing more.
-                return Pass::Stop;
+            // A claim fills at least a quarter of what it may ask for; fewer only when no
+            // claim is in flight and the pool is quiet (or has lingered long enough).
+            let enough = (want.min(config.concurrency) / 4).max(1);
+            let quiet = self.tasks.is_empty() || config.claim_linger.is_zero();
+            let lingered = self.linger_until.is_some_and(|t| Instant::now() >= t);
+            let n = self.gathered.len();
+            if n >= enough || (n > 0 && self.flying.is_empty() && (quiet || lingered)) {
+                self.launch();
+                return Pass::Go(());
+            }
+            if n > 0 && self.flying.is_empty() && self.linger_until.is_none() {
+                self.linger_until = Some(Instant::now() + config.claim_linger);
             }
         }
-        Pass::Go(permits)
+        let linger = self.linger_until.filter(|_| open && self.flying.is_empty());
+        let retry = self.retry_at;
+        let slots = self.slots.clone();
+        tokio::select! {
+            biased;
+            _ = self.stop.cancelled() => Pass::Stop,
+            Some(r) = self.flying.join_next_with_id(), if !self.flying.is_empty() => {
+                self.landed(r);
+                Pass::Go(())
+            }
+            _ = sleep_until(retry), if retry.is_some() => {
+                self.retry_at = None;
+                Pass::Go(())
+            }
+            p = slots.acquire_owned(), if open && self.gathered.len() < want => match p {
+                Ok(p) => { self.gathered.push(p); Pass::Go(()) }
+                Err(_) => Pass::Stop,
+            },
+            _ = sleep_until(linger), if linger.is_some() => Pass::Go(()),
+        }
     }
 
-    /// One claim statement for as many jobs as slots were taken. A failed claim waits (100 ms
-    /// doubling to 5 s); an empty one waits for a wake-up, the next due job or a poll.
-    async fn claim(
-        &mut self,
-        permits: Vec<OwnedSemaphorePermit>,
-    ) -> Pass<(Vec<Job>, Vec<OwnedSemaphorePermit>)> {
-        let (shared, config) = (&self.shared, &self.shared.config);
+    /// Starts one claim statement for as many jobs as slots were gathered, beside the claims
+    /// in flight.
+    fn launch(&mut self) {
+        let config = &self.shared.config;
         self.wake.borrow_and_update();
+        self.linger_until = None;
+        let permits = std::mem::take(&mut self.gathered);
         let p = ClaimParams {
             queues: self.queues.clone(),
             kinds: self.kinds.clone(),
@@ -274,41 +342,67 @@ impl Pool {
             lease: config.lease,
             now: config.clock.now(),
         };
-        let jobs = match shared
-            .db
-            .run(move |s| async move { s.claim(&p).await })
-            .await
-        {
-            Ok(j) => {
+        let n = permits.len() as u64;
+        let db = self.shared.db.clone();
+        let task = self.flying.spawn(async move {
+            let claim = db.run(move |s| async move { s.claim(&p).await });
+            (permits, AssertUnwindSafe(claim).catch_unwind().await)
+        });
+        self.asking += n;
+        self.asked.insert(task.id(), n);
+    }
+
+    /// A claim came back: its jobs start, each in one of its slots. A failed claim holds off
+    /// the next (100 ms doubling to 5 s); an empty one makes the pool idle once the claims in
+    /// flight are back.
+    fn landed(&mut self, r: Result<(tokio::task::Id, ClaimEnd), tokio::task::JoinError>) {
+        let id = match &r {
+            Ok((id, _)) => *id,
+            Err(e) => e.id(),
+        };
+        self.asking -= self.asked.remove(&id).unwrap_or(0);
+        let shared = self.shared.clone();
+        let failed = match r {
+            Ok((_, (permits, Ok(Ok(jobs))))) => {
                 self.backoff.reset();
                 shared.health.claim_worked();
-                j
+                self.total.claims += 1;
+                if jobs.is_empty() {
+                    self.total.empty_claims += 1;
+                    self.dry = true;
+                    self.gathered.clear();
+                } else {
+                    self.spawn(jobs, permits);
+                }
+                return;
             }
-            Err(e) => {
-                // The store is unavailable: wait longer each time (the running jobs go
-                // on, and end as their writes allow), and never give up.
-                let wait = self.backoff.failed();
-                let n = shared.health.claim_failed();
-                tracing::warn!(failures = n, retry_in = ?wait, "claiming failed: {e}");
-                drop(permits);
-                return tokio::select! {
-                    _ = self.stop.cancelled() => Pass::Stop,
-                    _ = tokio::time::sleep(wait) => Pass::Next,
-                };
-            }
+            Ok((_, (_, Ok(Err(e))))) => e.to_string(),
+            Ok((_, (_, Err(p)))) => format!("the claim panicked: {}", panic_text(&p)),
+            // Only when the runtime shuts down: the slots went with the task.
+            Err(e) => format!("the claim task ended abnormally: {e}"),
         };
-        self.total.claims += 1;
-        if jobs.is_empty() {
-            self.total.empty_claims += 1;
-            drop(permits);
-            return self.idle().await;
+        // The store is unavailable: wait longer each time (the running jobs go on, and end
+        // as their writes allow), and never give up.
+        let wait = self.backoff.failed();
+        let n = shared.health.claim_failed();
+        tracing::warn!(failures = n, retry_in = ?wait, "claiming failed: {failed}");
+        self.gathered.clear();
+        self.retry_at = Some(Instant::now() + wait);
+    }
+
+    /// The end of a run: the claims still in flight come back, and their jobs start (the
+    /// drain then lets them finish, or releases them after the grace period), so that no job
+    /// claimed is left waiting for its lease to run out.
+    async fn settle(&mut self) {
+        self.gathered.clear();
+        while let Some(r) = self.flying.join_next_with_id().await {
+            self.landed(r);
         }
-        Pass::Go((jobs, permits))
     }
 
     /// After an empty claim: end an idle run, or wait for a wake-up, a task's end, the next
     /// due job or a poll.
-    async fn idle(&mut self) -> Pass<(Vec<Job>, Vec<OwnedSemaphorePermit>)> {
+    async fn idle(&mut self) -> Pass<()> {
         let (shared, config) = (&self.shared, &self.shared.config);
         if self.until_idle && self.tasks.is_empty() {
             return Pass::Stop;
@@ -365,6 +459,14 @@ impl Pool {
                 }
             }
         }
+    }
+}
+
+/// Sleeps until `at` (for ever if `None`: a disabled branch of a `select!`).
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -237,8 +237,8 @@ pub(super) async fn quota_use(
             (
                 w.network.as_str().to_owned(),
                 w.used,
-                w.window.max,
-                redrive_policy::format_duration(w.window.window),
+                w.window.max(),
+                redrive_policy::format_duration(w.window.window()),
             )
         })
         .collect())

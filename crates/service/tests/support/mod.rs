@@ -164,6 +164,7 @@ pub async fn work(store: &Store, queue: &str, kind: &str, handler: Arc<dyn Handl
     Worker::builder(store.clone(), vec![queue.to_owned()])
         .handler(kind, handler)
         .build()
+        .unwrap()
         .run_until_idle()
         .await
         .expect("worker");
