@@ -325,8 +325,8 @@ async fn a_rate_limit_with_retry_after_45s_defers_instead_of_sleeping_and_pauses
     assert!((44_999..=45_050).contains(&ms), "{ms}");
     let a = e.attempts(id).await;
     assert_eq!(
-        (a[0].delay_ms, a[0].mode.map(|m| m.as_str())),
-        (Some(45_000), Some("defer"))
+        (a[0].delay, a[0].mode.map(|m| m.as_str())),
+        (Some(Duration::from_secs(45)), Some("defer"))
     );
     let dep = e.dependency("psp").await;
     let ms = (dep.flow.paused_until.unwrap() - t0).num_milliseconds();
@@ -350,8 +350,8 @@ async fn a_retry_after_of_2s_retries_in_process_after_exactly_that() {
     assert_eq!((s.succeeded, s.attempts), (1, 2));
     let a = e.attempts(id).await;
     assert_eq!(
-        (a[0].delay_ms, a[0].mode.map(|m| m.as_str())),
-        (Some(2_000), Some("retry"))
+        (a[0].delay, a[0].mode.map(|m| m.as_str())),
+        (Some(Duration::from_secs(2)), Some("retry"))
     );
     let gap = a[1].started_at - a[0].started_at;
     assert!(gap >= chrono::Duration::seconds(2), "{gap}");
@@ -382,8 +382,8 @@ async fn infrastructure_failures_back_off_then_exhaust_the_attempts() {
         j.dead_reason.map(|r| r.as_str()),
         Some("attempts_exhausted")
     );
-    let delays: Vec<_> = e.attempts(id).await.iter().map(|a| a.delay_ms).collect();
-    let base = redrive_policy::DEFAULT_BASE.as_millis() as u64;
+    let delays: Vec<_> = e.attempts(id).await.iter().map(|a| a.delay).collect();
+    let base = redrive_policy::DEFAULT_BASE;
     assert_eq!(
         delays,
         [Some(base), Some(2 * base), None],

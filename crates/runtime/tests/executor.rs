@@ -106,7 +106,7 @@ async fn transient_failures_are_retried_in_process_with_the_same_key() {
         ]
     );
     assert!(
-        a[0].delay_ms.unwrap() <= 200,
+        a[0].delay.unwrap() <= std::time::Duration::from_millis(200),
         "payment: full jitter under 200 ms first"
     );
     assert_eq!(

@@ -111,6 +111,11 @@ pub struct JobView {
     pub quota_key: Option<String>,
 }
 
+/// A duration as the views' `*_ms` fields carry it: whole milliseconds.
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 impl From<Job> for JobView {
     fn from(j: Job) -> Self {
         Self {
@@ -126,12 +131,12 @@ impl From<Job> for JobView {
             exceptions: j.exceptions,
             defers: j.defers,
             consecutive_auth: j.consecutive_auth,
-            prev_delay_ms: j.prev_delay_ms,
+            prev_delay_ms: j.prev_delay.map(millis),
             max_attempts: j.max_attempts,
             policy: j.policy,
             run_at: j.run_at,
             first_attempt_at: j.first_attempt_at,
-            ttl_ms: j.ttl_ms,
+            ttl_ms: j.ttl.map(millis),
             deadline: j.deadline,
             lease_owner: j.lease_owner,
             lease_token: j.lease_token,
@@ -195,11 +200,11 @@ impl From<Attempt> for AttemptView {
             lease_token: a.lease_token,
             worker: a.worker,
             started_at: a.started_at,
-            duration_ms: a.duration_ms,
+            duration_ms: millis(a.duration),
             class: a.class.as_str().to_owned(),
             http_status: a.http_status,
             error: a.error.as_deref().map(redrive_http::redact::redact_text),
-            delay_ms: a.delay_ms,
+            delay_ms: a.delay.map(millis),
             mode: a.mode.map(|m| m.as_str().to_owned()),
             counted: a.counted,
         }

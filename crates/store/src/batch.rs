@@ -2,6 +2,7 @@
 //! back in input order, and the columns a batch of completions writes.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use serde::Serialize;
 
@@ -61,12 +62,15 @@ impl InsertRow {
             exceptions: 0,
             defers: 0,
             consecutive_auth: 0,
-            prev_delay_ms: None,
+            prev_delay: None,
             max_attempts: n.max_attempts,
             policy: n.policy.clone(),
             run_at: from_millis(self.run_at),
             first_attempt_at: None,
-            ttl_ms: self.ttl.and_then(|t| u64::try_from(t).ok()),
+            ttl: self
+                .ttl
+                .and_then(|t| u64::try_from(t).ok())
+                .map(Duration::from_millis),
             deadline: self.deadline.map(from_millis),
             lease_owner: None,
             lease_token: 0,

@@ -35,6 +35,7 @@ mod batch;
 mod clock;
 mod error;
 mod insights;
+mod json_ms;
 mod model;
 mod operator;
 mod ops;

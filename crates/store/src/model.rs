@@ -412,8 +412,9 @@ pub struct Job {
     pub defers: u32,
     /// 401s in a row.
     pub consecutive_auth: u32,
-    /// Previous jittered delay, milliseconds.
-    pub prev_delay_ms: Option<u64>,
+    /// Previous jittered delay (JSON: `prev_delay_ms`, whole milliseconds).
+    #[serde(rename = "prev_delay_ms", serialize_with = "crate::json_ms::option")]
+    pub prev_delay: Option<Duration>,
     /// Attempts allowed.
     pub max_attempts: u32,
     /// Policy name.
@@ -422,8 +423,9 @@ pub struct Job {
     pub run_at: Timestamp,
     /// First attempt of this run.
     pub first_attempt_at: Option<Timestamp>,
-    /// Total time allowed, milliseconds.
-    pub ttl_ms: Option<u64>,
+    /// Total time allowed (JSON: `ttl_ms`, whole milliseconds).
+    #[serde(rename = "ttl_ms", serialize_with = "crate::json_ms::option")]
+    pub ttl: Option<Duration>,
     /// Absolute deadline.
     pub deadline: Option<Timestamp>,
     /// Worker holding the lease.
@@ -464,7 +466,7 @@ impl Job {
             defers: self.defers,
             first_attempt_at: self.first_attempt_at,
             deadline: self.deadline,
-            prev_delay: self.prev_delay_ms.map(Duration::from_millis),
+            prev_delay: self.prev_delay,
             consecutive_auth: self.consecutive_auth,
         }
     }
@@ -504,16 +506,18 @@ pub struct Attempt {
     pub worker: Option<String>,
     /// Start.
     pub started_at: Timestamp,
-    /// How long the call took, milliseconds.
-    pub duration_ms: u64,
+    /// How long the call took (JSON: `duration_ms`, whole milliseconds).
+    #[serde(rename = "duration_ms", serialize_with = "crate::json_ms::duration")]
+    pub duration: Duration,
     /// Failure class (`success`, `permanent`, …).
     pub class: FailureClass,
     /// HTTP status, if any.
     pub http_status: Option<u16>,
     /// Error text (secrets redacted by the caller).
     pub error: Option<String>,
-    /// Delay chosen after it, milliseconds.
-    pub delay_ms: Option<u64>,
+    /// Delay chosen after it (JSON: `delay_ms`, whole milliseconds).
+    #[serde(rename = "delay_ms", serialize_with = "crate::json_ms::option")]
+    pub delay: Option<Duration>,
     /// Whether the delay was slept in process (`retry`) or deferred (`defer`).
     pub mode: Option<RetryMode>,
     /// Whether it counted against `max_attempts`.

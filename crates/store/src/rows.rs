@@ -1,5 +1,7 @@
 //! Rows as the database returns them, and their conversion to the public model.
 
+use std::time::Duration;
+
 use redrive_policy::{
     BreakerMode, BreakerState, DeadReason, DeferReason, FailureClass, FlowRow, PauseReason,
     RetryMode,
@@ -58,11 +60,14 @@ fn u32_of(what: &'static str, v: i64) -> Result<u32> {
     })
 }
 
-fn u64_of(what: &'static str, v: i64) -> Result<u64> {
-    u64::try_from(v).map_err(|_| StoreError::Corrupt {
-        what,
-        detail: format!("{v} is negative"),
-    })
+/// A stored duration in milliseconds (`what`: its column, named if it is corrupt).
+fn ms_of(what: &'static str, v: i64) -> Result<Duration> {
+    u64::try_from(v)
+        .map(Duration::from_millis)
+        .map_err(|_| StoreError::Corrupt {
+            what,
+            detail: format!("{v} is negative"),
+        })
 }
 
 impl JobRow {
@@ -97,15 +102,15 @@ impl JobRow {
             exceptions: u32_of("exceptions", self.exceptions)?,
             defers: u32_of("defers", self.defers)?,
             consecutive_auth: u32_of("consecutive_auth", self.consecutive_auth)?,
-            prev_delay_ms: self
+            prev_delay: self
                 .prev_delay_ms
-                .map(|v| u64_of("prev_delay_ms", v))
+                .map(|v| ms_of("prev_delay_ms", v))
                 .transpose()?,
             max_attempts: u32_of("max_attempts", self.max_attempts)?,
             policy: self.policy,
             run_at: from_millis(self.run_at),
             first_attempt_at: self.first_attempt_at.map(from_millis),
-            ttl_ms: self.ttl_ms.map(|v| u64_of("ttl_ms", v)).transpose()?,
+            ttl: self.ttl_ms.map(|v| ms_of("ttl_ms", v)).transpose()?,
             deadline: self.deadline.map(from_millis),
             lease_owner: self.lease_owner,
             lease_token: self.lease_token,
@@ -162,7 +167,7 @@ impl AttemptRow {
             lease_token: self.lease_token,
             worker: self.worker,
             started_at: from_millis(self.started_at),
-            duration_ms: u64_of("duration_ms", self.duration_ms)?,
+            duration: ms_of("duration_ms", self.duration_ms)?,
             class: self
                 .class
                 .parse::<FailureClass>()
@@ -177,7 +182,7 @@ impl AttemptRow {
                 })
                 .transpose()?,
             error: self.error,
-            delay_ms: self.delay_ms.map(|v| u64_of("delay_ms", v)).transpose()?,
+            delay: self.delay_ms.map(|v| ms_of("delay_ms", v)).transpose()?,
             mode: self
                 .mode
                 .map(|m| m.parse::<RetryMode>())

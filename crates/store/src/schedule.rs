@@ -283,8 +283,9 @@ pub struct Schedule {
     pub policy: String,
     /// Its attempts allowed.
     pub max_attempts: u32,
-    /// Its total time allowed, in milliseconds.
-    pub ttl_ms: Option<u64>,
+    /// Its total time allowed (JSON: `ttl_ms`, whole milliseconds).
+    #[serde(rename = "ttl_ms", serialize_with = "crate::json_ms::option")]
+    pub ttl: Option<Duration>,
     /// Where it came from: `policies` (the policies file, upserted at start) or `api` (the
     /// CLI or the HTTP API).
     pub origin: String,
@@ -310,7 +311,7 @@ impl Schedule {
             .max_attempts(self.max_attempts)
             .priority(self.priority);
         j.dependency = self.dependency.clone();
-        j.ttl = self.ttl_ms.map(Duration::from_millis);
+        j.ttl = self.ttl;
         j
     }
 }
@@ -366,7 +367,10 @@ impl Row {
                 .map_err(|_| corrupt("schedule priority", self.priority.to_string()))?,
             max_attempts: u32::try_from(self.max_attempts)
                 .map_err(|_| corrupt("schedule max_attempts", self.max_attempts.to_string()))?,
-            ttl_ms: self.ttl_ms.and_then(|t| u64::try_from(t).ok()),
+            ttl: self
+                .ttl_ms
+                .and_then(|t| u64::try_from(t).ok())
+                .map(Duration::from_millis),
             next_tick: self.next_tick.map(from_millis),
             last_tick: self.last_tick.map(from_millis),
             created_at: from_millis(self.created_at),

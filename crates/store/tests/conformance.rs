@@ -103,6 +103,7 @@ both_backends!(
     expired_lease_is_rescued_exactly_once,
     rescue_out_of_attempts_dies_lease_expired,
     retry_in_process_and_defer_record_attempts,
+    durations_in_json_are_whole_milliseconds,
     replay_and_purge,
     pagination_is_stable_under_concurrent_inserts,
     paused_or_open_dependency_is_not_claimed,
@@ -819,6 +820,49 @@ mod cases {
         assert_eq!(a.iter().map(|a| a.number).collect::<Vec<_>>(), [1, 2]);
     }
 
+    /// The model's durations serialise under their `*_ms` keys as whole milliseconds (the
+    /// JSON the CLI and the API print), and as `null` when unset.
+    pub(super) async fn durations_in_json_are_whole_milliseconds(s: &Store) {
+        let now = ms(T0);
+        let plain = s.enqueue(&job("q"), now).await.unwrap().job;
+        let v = serde_json::to_value(&plain).unwrap();
+        assert_eq!(
+            (&v["prev_delay_ms"], &v["ttl_ms"]),
+            (&json!(null), &json!(null))
+        );
+        let id = s
+            .enqueue(&job("q").key("ttl").ttl(Duration::from_secs(90)), now)
+            .await
+            .unwrap()
+            .job
+            .id;
+        let j = s.claim(&claim_params("q", 2, now)).await.unwrap();
+        let j = j.into_iter().find(|j| j.id == id).unwrap();
+        let mut c = with(
+            &j,
+            Transition::RetryInProcess {
+                delay: Duration::from_millis(150),
+            },
+            now,
+        );
+        c.counters.prev_delay = Some(Duration::from_millis(150));
+        s.complete(&c).await.unwrap();
+        let v = serde_json::to_value(s.get(id).await.unwrap().unwrap()).unwrap();
+        assert_eq!(v["prev_delay_ms"], json!(150));
+        assert_eq!(v["ttl_ms"], json!(90_000));
+        let a = serde_json::to_value(&s.attempts(id).await.unwrap()[0]).unwrap();
+        assert_eq!(
+            (&a["duration_ms"], &a["delay_ms"]),
+            (&json!(5), &json!(150))
+        );
+        for key in ["prev_delay", "ttl"] {
+            assert!(v.get(key).is_none(), "job has {key}");
+        }
+        for key in ["duration", "delay"] {
+            assert!(a.get(key).is_none(), "attempt has {key}");
+        }
+    }
+
     pub(super) async fn retry_in_process_and_defer_record_attempts(s: &Store) {
         let now = ms(T0);
         let id = s.enqueue(&job("q"), now).await.unwrap().job.id;
@@ -837,7 +881,7 @@ mod cases {
         assert_eq!(j2.state, JobState::Running, "still leased");
         assert_eq!(j2.lease_token, j.lease_token);
         assert_eq!(j2.attempts, 1);
-        assert_eq!(j2.prev_delay_ms, Some(150));
+        assert_eq!(j2.prev_delay, Some(Duration::from_millis(150)));
         assert_eq!(j2.last_error.as_deref(), Some("503 from psp"));
         let until = ms(T0 + 120_000);
         s.complete(&with(
@@ -863,14 +907,19 @@ mod cases {
             (
                 a[0].number,
                 a[0].mode.map(|m| m.as_str()),
-                a[0].delay_ms,
+                a[0].delay,
                 a[0].http_status
             ),
-            (1, Some("retry"), Some(150), Some(503))
+            (
+                1,
+                Some("retry"),
+                Some(Duration::from_millis(150)),
+                Some(503)
+            )
         );
         assert_eq!(
-            (a[1].number, a[1].mode.map(|m| m.as_str()), a[1].delay_ms),
-            (2, Some("defer"), Some(120_000))
+            (a[1].number, a[1].mode.map(|m| m.as_str()), a[1].delay),
+            (2, Some("defer"), Some(Duration::from_secs(120)))
         );
         assert_eq!(a[0].class.as_str(), "infrastructure");
         // Not claimable before run_at; claimable after.

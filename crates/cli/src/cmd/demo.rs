@@ -462,8 +462,8 @@ async fn report(
                 if at.http_status == Some(429)
                     && let Some(next) = atts.get(i + 1)
                 {
-                    let answered =
-                        at.started_at + chrono::Duration::milliseconds(at.duration_ms as i64);
+                    let answered = at.started_at
+                        + chrono::Duration::milliseconds(at.duration.as_millis() as i64);
                     let ra = chrono::Duration::seconds(RETRY_AFTER_S as i64);
                     if next.started_at + chrono::Duration::milliseconds(1) < answered + ra {
                         early += 1;

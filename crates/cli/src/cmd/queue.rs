@@ -441,12 +441,12 @@ fn print_attempts(attempts: &[Attempt]) -> anyhow::Result<()> {
     }
     for a in attempts {
         let delay = a
-            .delay_ms
+            .delay
             .map(|d| {
                 format!(
                     "{} {}",
                     a.mode.map(|m| m.as_str()).unwrap_or(""),
-                    redrive_policy::format_duration(std::time::Duration::from_millis(d))
+                    redrive_policy::format_duration(d)
                 )
             })
             .unwrap_or_default();
@@ -463,7 +463,7 @@ fn print_attempts(attempts: &[Attempt]) -> anyhow::Result<()> {
             a.http_status
                 .map(|s| s.to_string())
                 .unwrap_or_else(|| "-".into()),
-            a.duration_ms,
+            a.duration.as_millis(),
             a.lease_token,
             delay,
             if a.counted { "" } else { " (not counted)" },

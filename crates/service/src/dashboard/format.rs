@@ -61,8 +61,8 @@ pub(super) fn state_badge(s: &str) -> Markup {
     html! { span class=(format!("state-{s}")) { (s) } }
 }
 
-pub(super) fn ms(v: Option<u64>) -> String {
-    v.map_or("—".into(), |m| {
-        fmt_dur(chrono::Duration::milliseconds(m as i64))
+pub(super) fn duration(v: Option<std::time::Duration>) -> String {
+    v.map_or("—".into(), |d| {
+        fmt_dur(chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX))
     })
 }

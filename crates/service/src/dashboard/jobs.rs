@@ -8,7 +8,7 @@ use redrive_http::redact::{redact_text, redact_value};
 use redrive_store::{BulkAction, Job, JobState, Timestamp};
 
 use super::chart::class_colour;
-use super::format::{fmt_time, jobs_link, ms, state_badge, when};
+use super::format::{duration, fmt_time, jobs_link, state_badge, when};
 use super::layout::{Page, html_response, layout};
 use crate::api::{parse_id, parse_list};
 use crate::state::AppState;
@@ -206,11 +206,11 @@ pub(super) async fn job(
                 @for a in &attempts {
                     li style=(format!("--c:{}", class_colour(a.class.as_str()))) data-class=(a.class.as_str()) {
                         strong { "#" (a.number) } @if a.replay > 0 { span.muted { " (replay " (a.replay) ")" } }
-                        " · " (fmt_time(a.started_at)) " · took " (ms(Some(a.duration_ms)))
+                        " · " (fmt_time(a.started_at)) " · took " (duration(Some(a.duration)))
                         " · " span style=(format!("color:{}", class_colour(a.class.as_str()))) { (a.class.as_str()) }
                         @if let Some(s) = a.http_status { " · HTTP " (s) }
-                        @if let Some(m) = a.mode { " · then " strong { (m.as_str()) } " after " (ms(a.delay_ms)) }
-                        @else if let Some(d) = a.delay_ms { " · delay " (ms(Some(d))) }
+                        @if let Some(m) = a.mode { " · then " strong { (m.as_str()) } " after " (duration(a.delay)) }
+                        @else if let Some(d) = a.delay { " · delay " (duration(Some(d))) }
                         " · fencing token " (a.lease_token)
                         @if !a.counted { span.muted { " · not counted" } }
                         @if let Some(w) = &a.worker { span.muted { " · " (w) } }
