@@ -85,10 +85,8 @@ struct Pool {
     queues: Vec<String>,
     /// Claims in flight, each a task holding the slots it claims into.
     flying: JoinSet<ClaimEnd>,
-    /// The jobs each claim in flight asked for.
+    /// The jobs each claim in flight asked for (counted against `max_jobs` until it returns).
     asked: HashMap<tokio::task::Id, u64>,
-    /// Jobs the claims in flight asked for (counted against `max_jobs` until they return).
-    asking: u64,
     /// Claims in flight at most.
     lanes: usize,
     /// Free slots taken for the next claim.
@@ -123,8 +121,8 @@ impl Worker {
                 break;
             }
             // What `max_jobs` leaves, the claims in flight counted as if they were full.
-            let left =
-                (pool.shared.config.max_jobs).map(|m| m.saturating_sub(pool.claimed + pool.asking));
+            let left = (pool.shared.config.max_jobs)
+                .map(|m| m.saturating_sub(pool.claimed + pool.asking()));
             if left == Some(0) && pool.flying.is_empty() {
                 break;
             }
@@ -174,7 +172,6 @@ impl Pool {
             last_maintain: None,
             flying: JoinSet::new(),
             asked: HashMap::new(),
-            asking: 0,
             lanes: claim_lanes(shared.db.backend()),
             gathered: Vec::new(),
             linger_until: None,
@@ -327,6 +324,11 @@ impl Pool {
         }
     }
 
+    /// Jobs the claims in flight asked for.
+    fn asking(&self) -> u64 {
+        self.asked.values().sum()
+    }
+
     /// Starts one claim statement for as many jobs as slots were gathered, beside the claims
     /// in flight.
     fn launch(&mut self) {
@@ -348,7 +350,6 @@ impl Pool {
             let claim = db.run(move |s| async move { s.claim(&p).await });
             (permits, AssertUnwindSafe(claim).catch_unwind().await)
         });
-        self.asking += n;
         self.asked.insert(task.id(), n);
     }
 
@@ -360,7 +361,7 @@ impl Pool {
             Ok((id, _)) => *id,
             Err(e) => e.id(),
         };
-        self.asking -= self.asked.remove(&id).unwrap_or(0);
+        self.asked.remove(&id);
         let shared = self.shared.clone();
         let failed = match r {
             Ok((_, (permits, Ok(Ok(jobs))))) => {
