@@ -1045,7 +1045,10 @@ mod cases {
             .unwrap(),
             2
         );
-        // Purge: only dead ones go.
+        // Purge: only dead ones go, with their attempts.
+        assert_eq!(s.attempts(ids[3]).await.unwrap().len(), 1);
+        let kept = s.attempts(ids[0]).await.unwrap().len();
+        assert!(kept > 0);
         assert_eq!(
             s.purge(&Selection::Ids(vec![ids[0], ids[1], ids[3]]))
                 .await
@@ -1058,7 +1061,27 @@ mod cases {
             "attempts go with the job"
         );
         assert!(s.get(ids[0]).await.unwrap().is_some());
+        assert_eq!(s.attempts(ids[0]).await.unwrap().len(), kept);
         assert_eq!(s.purge(&Selection::All { queue: None }).await.unwrap(), 0);
+        // Purge all of a queue: its dead jobs go with their attempts, nothing else.
+        let c = s.enqueue(&job("c"), now).await.unwrap().job.id;
+        for j in s.claim(&claim_params("c", 10, now)).await.unwrap() {
+            let dead = Transition::Dead {
+                reason: DeadReason::Permanent,
+            };
+            s.complete(&with(&j, dead, now)).await.unwrap();
+        }
+        assert_eq!(s.attempts(c).await.unwrap().len(), 1);
+        let all_of_c = Selection::All {
+            queue: Some("c".into()),
+        };
+        assert_eq!(s.purge(&all_of_c).await.unwrap(), 1);
+        assert!(s.get(c).await.unwrap().is_none());
+        assert!(
+            s.attempts(c).await.unwrap().is_empty(),
+            "attempts go with the job"
+        );
+        assert_eq!(s.attempts(ids[0]).await.unwrap().len(), kept);
     }
 
     pub(super) async fn pagination_is_stable_under_concurrent_inserts(s: &Store) {
