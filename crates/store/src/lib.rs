@@ -537,3 +537,32 @@ fn split_schema(url: &str) -> (String, Option<String>) {
         (format!("{base}?{}", rest.join("&")), schema)
     }
 }
+
+/// The operations' futures are `Send` (the service runs them in spawned tasks and axum
+/// handlers): a compile-time check, since a generic executor in a provided method of
+/// [`ops::Backend`] makes them not `Send` without any test in this crate failing.
+#[cfg(test)]
+#[allow(dead_code)]
+mod send_check {
+    use crate::{Actor, BulkAction, DependencyOp, JobFilter, Store, Timestamp};
+
+    fn send<T: Send>(_: T) {}
+
+    fn operator_futures_are_send(
+        s: &Store,
+        f: &JobFilter,
+        a: &Actor,
+        v: &serde_json::Value,
+        now: Timestamp,
+    ) {
+        send(s.bulk(BulkAction::Replay, f, a, false, now));
+        send(s.operate_dependency("x", DependencyOp::Resume, a, now));
+        send(s.record_audit(a, "x", v, 1, now));
+        send(s.audit(None, 1));
+        send(s.pause_queue("q", a, now));
+        send(s.resume_queue("q", a, now));
+        send(s.dead_since(now, 1));
+        send(s.oldest_due(now));
+        send(s.paused_queues());
+    }
+}
