@@ -330,6 +330,17 @@ fn bench_drains_the_top_of_a_seeded_queue_beside_the_plain_sql_ceiling() {
         "{r}"
     );
     assert_eq!(r["payload_bytes"], 2, "{{}}");
+    // c=64 gives the runtime 64 claims' worth of slots (12,800), above the worker's bound
+    // of 10,000: the runtime half runs at the bound instead of failing.
+    let r = ok(&redrive(
+        &db,
+        &["bench", "--jobs", "50", "--concurrency", "64", "--json"],
+    ));
+    assert_eq!(r["runs"][0]["concurrency"], 64, "{r}");
+    assert!(
+        r["runs"][0]["runtime_drain_jobs_per_s"].as_f64().unwrap() > 0.0,
+        "{r}"
+    );
     err(
         &redrive(&db, &["bench", "--processes", "2"]),
         2,

@@ -97,6 +97,7 @@ impl Completer {
 /// One batch: one store call, each completion's result to its task.
 async fn flush(db: Db, batch: Vec<(Completion, Reply)>) {
     let (cs, replies): (Vec<Completion>, Vec<Reply>) = batch.into_iter().unzip();
+    let (jobs, t0) = (cs.len(), std::time::Instant::now());
     let out = db
         .run(move |s| async move {
             if cs.len() == 1 {
@@ -106,6 +107,14 @@ async fn flush(db: Db, batch: Vec<(Completion, Reply)>) {
             }
         })
         .await;
+    // The commit's size and time (its wait for a connection included), for a look at how
+    // the group commits keep up: RUST_LOG=redrive_runtime::completer=debug.
+    tracing::debug!(
+        jobs,
+        took_us = t0.elapsed().as_micros() as u64,
+        ok = out.is_ok(),
+        "group commit"
+    );
     match out {
         Ok(results) => {
             for (r, reply) in results.into_iter().zip(replies) {

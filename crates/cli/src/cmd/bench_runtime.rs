@@ -6,13 +6,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redrive_runtime::{Attempted, Handler, JobContext, Noop, Worker};
+use redrive_runtime::{Attempted, Handler, JobContext, MAX_CONCURRENCY, Noop, Worker};
 use redrive_store::{NewJob, Store};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-/// Drains `jobs` noop jobs of `queue` (already there) with a worker of `concurrency`, which
-/// stops after claiming that many (a backlog below them stays); returns jobs per second.
+/// Drains `jobs` noop jobs of `queue` (already there) with a worker of `concurrency` (at most
+/// [`MAX_CONCURRENCY`], the worker's bound), which stops after claiming that many (a backlog
+/// below them stays); returns jobs per second.
 pub(crate) async fn drain(
     store: &Store,
     queue: &str,
@@ -21,7 +22,7 @@ pub(crate) async fn drain(
 ) -> anyhow::Result<f64> {
     let worker = Worker::builder(store.clone(), vec![queue.into()])
         .handler("noop", Arc::new(Noop))
-        .concurrency(concurrency as usize)
+        .concurrency((concurrency as usize).min(MAX_CONCURRENCY))
         .gauge_interval(None)
         .max_jobs(Some(jobs))
         .build()?;

@@ -26,11 +26,12 @@ use crate::metrics;
 /// How a job task ends: its job's id, and its summary, error or panic.
 pub(super) type TaskEnd = (i64, std::thread::Result<Result<Summary, RuntimeError>>);
 
-/// How a claim in flight ends: the slots it held (one per job it asked for), and the jobs,
-/// the store's error or the claim's panic.
+/// How a claim in flight ends: the slots it held (one per job it asked for), the jobs, the
+/// store's error or the claim's panic, and how long the claim took.
 type ClaimEnd = (
     Vec<OwnedSemaphorePermit>,
     std::thread::Result<Result<Vec<Job>, redrive_store::StoreError>>,
+    Duration,
 );
 
 /// Claims in flight at once on a backend: on PostgreSQL as many as the store runs at once
@@ -347,8 +348,10 @@ impl Pool {
         let n = permits.len() as u64;
         let db = self.shared.db.clone();
         let task = self.flying.spawn(async move {
+            let t0 = Instant::now();
             let claim = db.run(move |s| async move { s.claim(&p).await });
-            (permits, AssertUnwindSafe(claim).catch_unwind().await)
+            let got = AssertUnwindSafe(claim).catch_unwind().await;
+            (permits, got, t0.elapsed())
         });
         self.asked.insert(task.id(), n);
     }
@@ -364,7 +367,16 @@ impl Pool {
         self.asked.remove(&id);
         let shared = self.shared.clone();
         let failed = match r {
-            Ok((_, (permits, Ok(Ok(jobs))))) => {
+            Ok((_, (permits, Ok(Ok(jobs)), took))) => {
+                // Each claim's size and time (its wait for a permit or the writer included):
+                // RUST_LOG=redrive_runtime::worker::run_loop=debug.
+                tracing::debug!(
+                    asked = permits.len(),
+                    claimed = jobs.len(),
+                    took_us = took.as_micros() as u64,
+                    in_flight = self.flying.len(),
+                    "claim"
+                );
                 self.backoff.reset();
                 shared.health.claim_worked();
                 self.total.claims += 1;
@@ -377,8 +389,8 @@ impl Pool {
                 }
                 return;
             }
-            Ok((_, (_, Ok(Err(e))))) => e.to_string(),
-            Ok((_, (_, Err(p)))) => format!("the claim panicked: {}", panic_text(&p)),
+            Ok((_, (_, Ok(Err(e)), _))) => e.to_string(),
+            Ok((_, (_, Err(p), _))) => format!("the claim panicked: {}", panic_text(&p)),
             // Only when the runtime shuts down: the slots went with the task.
             Err(e) => format!("the claim task ended abnormally: {e}"),
         };
@@ -429,7 +441,6 @@ impl Pool {
 
     /// A task per claimed job, each holding one of the slots taken for the claim.
     fn spawn(&mut self, jobs: Vec<Job>, permits: Vec<OwnedSemaphorePermit>) {
-        tracing::trace!(asked = permits.len(), claimed = jobs.len(), "claim");
         self.claimed += jobs.len() as u64;
         let mut permits = permits.into_iter();
         for job in jobs {
