@@ -1,6 +1,9 @@
 //! Operator controls: paused queues, bulk actions by filter (replay, purge, cancel, run now),
 //! operator overrides of a dependency (pause, resume, forced breaker), and the audit trail
 //! every one of them writes in the same transaction as its change.
+//!
+//! Here are the types and the statements; the operations themselves are provided methods of
+//! [`crate::ops::Backend`], written once for both backends.
 
 use std::sync::{Arc, OnceLock};
 

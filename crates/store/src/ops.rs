@@ -663,8 +663,8 @@ where
         crate::operator::OpSql::get(self.sql().dialect())
     }
 
-    /// Writes an audit row on `conn` (the caller's transaction, so that it commits with the
-    /// change it records); returns its id.
+    /// Writes an audit row on `conn` (for the store's own operator actions, the transaction of
+    /// the change it records, so that the two commit together); returns its id.
     async fn audit_in(
         &self,
         conn: &mut <Self::Db as Database>::Connection,
