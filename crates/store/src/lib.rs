@@ -565,4 +565,9 @@ mod send_check {
         send(s.oldest_due(now));
         send(s.paused_queues());
     }
+
+    fn quota_futures_are_send(s: &Store, d: &crate::NewDecline, p: &crate::ReattemptParams<'_>) {
+        send(s.record_decline(d));
+        send(s.take_reattempt(p));
+    }
 }

@@ -968,6 +968,72 @@ where
             what: format!("dependency {dependency:?}"),
         })
     }
+
+    // Card quotas (see [`crate::quota`]).
+
+    async fn record_decline_impl(&self, d: &crate::NewDecline) -> crate::Result<()> {
+        let a = &d.advice;
+        sqlx::query(crate::quota::INSERT_DECLINE)
+            .bind(d.job_id)
+            .bind(i64::from(d.attempt))
+            .bind(d.quota_key.clone())
+            .bind(crate::model::millis(d.at))
+            .bind(a.network().as_str())
+            .bind(a.code().map(|c| c.as_str().to_owned()))
+            .bind(a.category().map(i64::from))
+            .bind(a.advice_code().map(i64::from))
+            .bind(a.rule().to_string())
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+
+    /// Takes one reattempt from `p`'s card key on `conn`, the caller's transaction, which
+    /// holds the key's lock: counts the key's reattempts in each window and, if every window
+    /// has room, records this one (`now` in milliseconds).
+    async fn take_reattempt_in(
+        &self,
+        conn: &mut <Self::Db as Database>::Connection,
+        p: &crate::ReattemptParams<'_>,
+        now: i64,
+    ) -> crate::Result<crate::QuotaTake> {
+        use crate::quota::{COUNT_IN_WINDOW, INSERT_REATTEMPT, NTH_IN_WINDOW, window_ms};
+        let mut full: Option<redrive_policy::QuotaExhausted> = None;
+        for w in p.windows {
+            let since = now.saturating_sub(window_ms(w.window()));
+            let (n,): (i64,) = sqlx::query_as(COUNT_IN_WINDOW)
+                .bind(p.quota_key)
+                .bind(since)
+                .fetch_one(&mut *conn)
+                .await?;
+            if n >= i64::from(w.max()) {
+                // Room for one more once the (n - max + 1)th oldest has left the window.
+                let (at,): (i64,) = sqlx::query_as(NTH_IN_WINDOW)
+                    .bind(p.quota_key)
+                    .bind(since)
+                    .bind(n - i64::from(w.max()))
+                    .fetch_one(&mut *conn)
+                    .await?;
+                let until = crate::model::from_millis(at.saturating_add(window_ms(w.window())));
+                if full.is_none_or(|f| until > f.until) {
+                    full = Some(redrive_policy::QuotaExhausted { until, window: *w });
+                }
+            }
+        }
+        Ok(match full {
+            Some(f) => crate::QuotaTake::Full(f),
+            None => {
+                sqlx::query(INSERT_REATTEMPT)
+                    .bind(p.quota_key)
+                    .bind(p.network.as_str())
+                    .bind(p.job_id)
+                    .bind(now)
+                    .execute(&mut *conn)
+                    .await?;
+                crate::QuotaTake::Taken
+            }
+        })
+    }
 }
 
 /// A claim statement and its parameters (`$1` now, `$2` the queue or a JSON list of queues,
