@@ -31,6 +31,19 @@
 #[cfg(not(any(feature = "sqlite", feature = "postgres")))]
 compile_error!("redrive-store needs a backend: enable the feature `sqlite`, `postgres` or both");
 
+/// Runs `$e` with `$s` bound to the [`Store`]'s backend (enum dispatch; defined before the
+/// modules so that they can use it too).
+macro_rules! dispatch {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self {
+            #[cfg(feature = "sqlite")]
+            $crate::Store::Sqlite($s) => $e,
+            #[cfg(feature = "postgres")]
+            $crate::Store::Postgres($s) => $e,
+        }
+    };
+}
+
 mod batch;
 mod clock;
 mod error;
@@ -145,17 +158,6 @@ pub enum Store {
     /// Shared PostgreSQL.
     #[cfg(feature = "postgres")]
     Postgres(PgStore),
-}
-
-macro_rules! dispatch {
-    ($self:ident, $s:ident => $e:expr) => {
-        match $self {
-            #[cfg(feature = "sqlite")]
-            Store::Sqlite($s) => $e,
-            #[cfg(feature = "postgres")]
-            Store::Postgres($s) => $e,
-        }
-    };
 }
 
 impl Store {

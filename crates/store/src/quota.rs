@@ -174,12 +174,7 @@ impl Store {
     /// # Errors
     /// A database error.
     pub async fn record_decline(&self, d: &NewDecline) -> Result<()> {
-        match self {
-            #[cfg(feature = "sqlite")]
-            Store::Sqlite(s) => s.record_decline_impl(d).await,
-            #[cfg(feature = "postgres")]
-            Store::Postgres(s) => s.record_decline_impl(d).await,
-        }
+        dispatch!(self, s => s.record_decline_impl(d).await)
     }
 
     /// A job's declines, oldest first.
@@ -187,22 +182,12 @@ impl Store {
     /// # Errors
     /// A database error, or a corrupt row.
     pub async fn declines(&self, job_id: JobId) -> Result<Vec<Decline>> {
-        let rows: Vec<DeclineRow> = match self {
-            #[cfg(feature = "sqlite")]
-            Store::Sqlite(s) => {
-                sqlx::query_as(DECLINES_OF)
-                    .bind(job_id)
-                    .fetch_all(&s.read)
-                    .await?
-            }
-            #[cfg(feature = "postgres")]
-            Store::Postgres(s) => {
-                sqlx::query_as(DECLINES_OF)
-                    .bind(job_id)
-                    .fetch_all(&s.read)
-                    .await?
-            }
-        };
+        let rows: Vec<DeclineRow> = dispatch!(self, s => {
+            sqlx::query_as(DECLINES_OF)
+                .bind(job_id)
+                .fetch_all(&s.read)
+                .await?
+        });
         rows.into_iter().map(DeclineRow::into_decline).collect()
     }
 
