@@ -31,6 +31,19 @@
 #[cfg(not(any(feature = "sqlite", feature = "postgres")))]
 compile_error!("redrive-store needs a backend: enable the feature `sqlite`, `postgres` or both");
 
+/// Runs `$e` with `$s` bound to the [`Store`]'s backend (enum dispatch; defined before the
+/// modules so that they can use it too).
+macro_rules! dispatch {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self {
+            #[cfg(feature = "sqlite")]
+            $crate::Store::Sqlite($s) => $e,
+            #[cfg(feature = "postgres")]
+            $crate::Store::Postgres($s) => $e,
+        }
+    };
+}
+
 mod batch;
 mod clock;
 mod error;
@@ -145,17 +158,6 @@ pub enum Store {
     /// Shared PostgreSQL.
     #[cfg(feature = "postgres")]
     Postgres(PgStore),
-}
-
-macro_rules! dispatch {
-    ($self:ident, $s:ident => $e:expr) => {
-        match $self {
-            #[cfg(feature = "sqlite")]
-            Store::Sqlite($s) => $e,
-            #[cfg(feature = "postgres")]
-            Store::Postgres($s) => $e,
-        }
-    };
 }
 
 impl Store {
@@ -535,5 +537,39 @@ fn split_schema(url: &str) -> (String, Option<String>) {
         (base.to_owned(), schema)
     } else {
         (format!("{base}?{}", rest.join("&")), schema)
+    }
+}
+
+/// The operations' futures are `Send` (the service runs them in spawned tasks and axum
+/// handlers): a compile-time check, since a generic executor in a provided method of
+/// [`ops::Backend`] makes them not `Send` without any test in this crate failing.
+#[cfg(test)]
+#[allow(dead_code)]
+mod send_check {
+    use crate::{Actor, BulkAction, DependencyOp, JobFilter, Store, Timestamp};
+
+    fn send<T: Send>(_: T) {}
+
+    fn operator_futures_are_send(
+        s: &Store,
+        f: &JobFilter,
+        a: &Actor,
+        v: &serde_json::Value,
+        now: Timestamp,
+    ) {
+        send(s.bulk(BulkAction::Replay, f, a, false, now));
+        send(s.operate_dependency("x", DependencyOp::Resume, a, now));
+        send(s.record_audit(a, "x", v, 1, now));
+        send(s.audit(None, 1));
+        send(s.pause_queue("q", a, now));
+        send(s.resume_queue("q", a, now));
+        send(s.dead_since(now, 1));
+        send(s.oldest_due(now));
+        send(s.paused_queues());
+    }
+
+    fn quota_futures_are_send(s: &Store, d: &crate::NewDecline, p: &crate::ReattemptParams<'_>) {
+        send(s.record_decline(d));
+        send(s.take_reattempt(p));
     }
 }

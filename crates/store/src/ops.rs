@@ -10,9 +10,10 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use sqlx::query::QueryAs;
+use sqlx::query::{QueryAs, QueryScalar};
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, Transaction, Type};
 
+use crate::operator::AuditRow;
 use crate::rows::{AttemptRow, CountRow, DepRow, EventRow, JobRow};
 use crate::sql::Sql;
 
@@ -44,6 +45,10 @@ where
     for<'r> CountRow: FromRow<'r, RowOf<Self>>,
     for<'r> DepRow: FromRow<'r, RowOf<Self>>,
     for<'r> EventRow: FromRow<'r, RowOf<Self>>,
+    for<'r> (i64, Option<String>): FromRow<'r, RowOf<Self>>,
+    for<'r> (String, i64): FromRow<'r, RowOf<Self>>,
+    for<'r> (String, i64, String): FromRow<'r, RowOf<Self>>,
+    for<'r> AuditRow: FromRow<'r, RowOf<Self>>,
 {
     /// The sqlx database.
     type Db: Database;
@@ -535,31 +540,18 @@ where
         w: &crate::DependencyWrite,
     ) -> crate::Result<Option<i64>> {
         use crate::model::millis;
-        let f = &w.flow;
         let now = millis(w.now);
         let sql = match w.expect_version {
             None => self.sql().insert_dep.clone(),
             Some(_) => self.sql().update_dep.clone(),
         };
         let mut tx = self.tx().await?;
-        let q = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-            .bind(&w.dependency)
-            .bind(f.state.as_str())
-            .bind(f.open_until.map(millis))
-            .bind(i64::from(f.probe_permits))
-            .bind(f.paused_until.map(millis))
-            .bind(crate::model::pause_reason_str(f.pause_reason))
-            .bind(now)
-            .bind(f.mode.as_str())
-            .bind(i64::from(f.openings))
-            .bind(i64::from(f.probe_successes))
-            .bind(i64::from(f.probe_failures))
-            .bind(f.round_started.map(millis))
-            .bind(f.rate)
-            .bind(f.tat.map(|t| t.timestamp_micros()))
-            .bind(f.rate_cut_at.map(millis))
-            .bind(f.rate_cap)
-            .bind(f.rate_raised_at.map(millis));
+        let q = Self::bind_dep_row(
+            sqlx::query_scalar(sqlx::AssertSqlSafe(sql)),
+            &w.dependency,
+            &w.flow,
+            now,
+        );
         // The insert takes no version: the row must not exist yet.
         let q = match w.expect_version {
             Some(v) => q.bind(v),
@@ -632,6 +624,415 @@ where
             .await?;
         self.wake();
         Ok(())
+    }
+
+    /// Binds a dependency's row to `insert_dep` or `update_dep`: `$1` the name, `$2`–`$17`
+    /// the breaker's, pause's and rate's columns of `f` (`$7` the time written, `now` in
+    /// milliseconds). The update's expected version (`$18`) is the caller's to bind.
+    fn bind_dep_row<'q>(
+        q: QueryScalar<'q, Self::Db, i64, <Self::Db as Database>::Arguments>,
+        dependency: &'q str,
+        f: &redrive_policy::FlowRow,
+        now: i64,
+    ) -> QueryScalar<'q, Self::Db, i64, <Self::Db as Database>::Arguments> {
+        use crate::model::millis;
+        q.bind(dependency)
+            .bind(f.state.as_str())
+            .bind(f.open_until.map(millis))
+            .bind(i64::from(f.probe_permits))
+            .bind(f.paused_until.map(millis))
+            .bind(crate::model::pause_reason_str(f.pause_reason))
+            .bind(now)
+            .bind(f.mode.as_str())
+            .bind(i64::from(f.openings))
+            .bind(i64::from(f.probe_successes))
+            .bind(i64::from(f.probe_failures))
+            .bind(f.round_started.map(millis))
+            .bind(f.rate)
+            .bind(f.tat.map(|t| t.timestamp_micros()))
+            .bind(f.rate_cut_at.map(millis))
+            .bind(f.rate_cap)
+            .bind(f.rate_raised_at.map(millis))
+    }
+
+    // Operator controls (see [`crate::operator`]): each writes its audit row in the same
+    // transaction as its change.
+
+    /// The operator statements of this backend's dialect.
+    fn op_sql(&self) -> &'static crate::operator::OpSql {
+        crate::operator::OpSql::get(self.sql().dialect())
+    }
+
+    /// Writes an audit row on `conn` (for the store's own operator actions, the transaction of
+    /// the change it records, so that the two commit together); returns its id.
+    async fn audit_in(
+        &self,
+        conn: &mut <Self::Db as Database>::Connection,
+        actor: &crate::Actor,
+        action: &str,
+        target: &serde_json::Value,
+        rows: u64,
+        now: redrive_policy::Timestamp,
+    ) -> crate::Result<i64> {
+        let id: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(self.op_sql().insert_audit.clone()))
+            .bind(crate::model::millis(now))
+            .bind(&actor.name)
+            .bind(&actor.via)
+            .bind(action)
+            .bind(target.to_string())
+            .bind(i64::try_from(rows).unwrap_or(i64::MAX))
+            .fetch_one(&mut *conn)
+            .await?;
+        Ok(id)
+    }
+
+    async fn record_audit_impl(
+        &self,
+        actor: &crate::Actor,
+        action: &str,
+        target: &serde_json::Value,
+        rows: u64,
+        now: redrive_policy::Timestamp,
+    ) -> crate::Result<i64> {
+        crate::operator::check_actor(actor)?;
+        crate::model::name("action", action)?;
+        let mut conn = self.pool().acquire().await?;
+        self.audit_in(&mut conn, actor, action, target, rows, now)
+            .await
+    }
+
+    async fn audit_impl(
+        &self,
+        before: Option<i64>,
+        limit: u32,
+    ) -> crate::Result<Vec<crate::AuditEntry>> {
+        let rows: Vec<crate::operator::AuditRow> =
+            sqlx::query_as(sqlx::AssertSqlSafe(self.op_sql().audit.clone()))
+                .bind(before)
+                .bind(i64::from(limit.clamp(1, crate::operator::MAX_AUDIT_PAGE)))
+                .fetch_all(self.read_pool())
+                .await?;
+        Ok(rows.into_iter().map(|r| r.into_entry()).collect())
+    }
+
+    async fn bulk_impl(
+        &self,
+        action: crate::BulkAction,
+        filter: &crate::JobFilter,
+        actor: &crate::Actor,
+        dry_run: bool,
+        now: redrive_policy::Timestamp,
+    ) -> crate::Result<crate::BulkOutcome> {
+        filter.validate()?;
+        crate::operator::check_actor(actor)?;
+        let now_ms = crate::model::millis(now);
+        let mut tx = self.tx().await?;
+        let ids_json = filter
+            .ids
+            .as_ref()
+            .map(|ids| serde_json::to_string(ids).unwrap_or_else(|_| "[]".into()));
+        let candidates: Vec<(i64, Option<String>)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(self.op_sql().select(action)))
+                .bind(filter.queue.as_deref())
+                .bind(filter.kind.as_deref())
+                .bind(filter.dependency.as_deref())
+                .bind(filter.dead_reason.as_deref())
+                .bind(ids_json)
+                .bind((action == crate::BulkAction::RunNow).then_some(now_ms))
+                .fetch_all(&mut *tx)
+                .await?;
+        let ids: Vec<i64> = candidates
+            .into_iter()
+            .filter(|(_, err)| match &filter.signature {
+                None => true,
+                Some(sig) => err
+                    .as_deref()
+                    .is_some_and(|e| crate::error_signature(e) == *sig),
+            })
+            .map(|(id, _)| id)
+            .collect();
+        if dry_run {
+            tx.rollback().await?;
+            return Ok(crate::BulkOutcome {
+                action,
+                count: ids.len() as u64,
+                ids,
+                dry_run: true,
+            });
+        }
+        let mut done: Vec<i64> = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(5_000) {
+            let changed: Vec<i64> =
+                sqlx::query_scalar(sqlx::AssertSqlSafe(self.op_sql().apply(action)))
+                    .bind(now_ms)
+                    .bind(serde_json::to_string(chunk).unwrap_or_else(|_| "[]".into()))
+                    .fetch_all(&mut *tx)
+                    .await?;
+            done.extend(changed);
+        }
+        done.sort_unstable();
+        let target = serde_json::to_value(filter).unwrap_or_default();
+        self.audit_in(
+            &mut *tx,
+            actor,
+            action.as_str(),
+            &target,
+            done.len() as u64,
+            now,
+        )
+        .await?;
+        tx.commit().await?;
+        if matches!(
+            action,
+            crate::BulkAction::Replay | crate::BulkAction::RunNow
+        ) && !done.is_empty()
+        {
+            self.wake();
+        }
+        Ok(crate::BulkOutcome {
+            action,
+            count: done.len() as u64,
+            ids: done,
+            dry_run: false,
+        })
+    }
+
+    async fn pause_queue_impl(
+        &self,
+        queue: &str,
+        actor: &crate::Actor,
+        now: redrive_policy::Timestamp,
+    ) -> crate::Result<bool> {
+        crate::model::name("queue", queue)?;
+        crate::operator::check_actor(actor)?;
+        let mut tx = self.tx().await?;
+        let done = sqlx::query(sqlx::AssertSqlSafe(self.op_sql().pause_queue.clone()))
+            .bind(queue)
+            .bind(crate::model::millis(now))
+            .bind(&actor.name)
+            .execute(&mut *tx)
+            .await?;
+        let n = Self::rows_affected(&done);
+        let target = serde_json::json!({ "queue": queue });
+        self.audit_in(&mut *tx, actor, "queue_pause", &target, n, now)
+            .await?;
+        tx.commit().await?;
+        Ok(n > 0)
+    }
+
+    async fn resume_queue_impl(
+        &self,
+        queue: &str,
+        actor: &crate::Actor,
+        now: redrive_policy::Timestamp,
+    ) -> crate::Result<bool> {
+        crate::model::name("queue", queue)?;
+        crate::operator::check_actor(actor)?;
+        let mut tx = self.tx().await?;
+        let done = sqlx::query(sqlx::AssertSqlSafe(self.op_sql().resume_queue.clone()))
+            .bind(queue)
+            .execute(&mut *tx)
+            .await?;
+        let n = Self::rows_affected(&done);
+        let target = serde_json::json!({ "queue": queue });
+        self.audit_in(&mut *tx, actor, "queue_resume", &target, n, now)
+            .await?;
+        tx.commit().await?;
+        if n > 0 {
+            self.wake();
+        }
+        Ok(n > 0)
+    }
+
+    async fn dead_since_impl(
+        &self,
+        since: redrive_policy::Timestamp,
+        limit: u32,
+    ) -> crate::Result<Vec<crate::Job>> {
+        let rows: Vec<crate::rows::JobRow> =
+            sqlx::query_as(sqlx::AssertSqlSafe(self.op_sql().dead_since.clone()))
+                .bind(crate::model::millis(since))
+                .bind(i64::from(limit.clamp(1, 10_000)))
+                .fetch_all(self.read_pool())
+                .await?;
+        rows.into_iter().map(|r| r.into_job()).collect()
+    }
+
+    async fn oldest_due_impl(
+        &self,
+        now: redrive_policy::Timestamp,
+    ) -> crate::Result<Vec<(String, redrive_policy::Timestamp)>> {
+        let rows: Vec<(String, i64)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(self.op_sql().oldest_due.clone()))
+                .bind(crate::model::millis(now))
+                .fetch_all(self.read_pool())
+                .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(q, t)| (q, crate::from_millis(t)))
+            .collect())
+    }
+
+    async fn paused_queues_impl(&self) -> crate::Result<Vec<crate::PausedQueue>> {
+        let rows: Vec<(String, i64, String)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(self.op_sql().paused_queues.clone()))
+                .fetch_all(self.read_pool())
+                .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(queue, at, by)| crate::PausedQueue {
+                queue,
+                paused_at: crate::from_millis(at),
+                paused_by: by,
+            })
+            .collect())
+    }
+
+    async fn operate_dependency_impl(
+        &self,
+        dependency: &str,
+        op: crate::DependencyOp,
+        actor: &crate::Actor,
+        now: redrive_policy::Timestamp,
+    ) -> crate::Result<crate::Dependency> {
+        use crate::model::millis;
+        use rand::SeedableRng;
+        crate::model::name("dependency", dependency)?;
+        crate::operator::check_actor(actor)?;
+        if let crate::DependencyOp::Pause { until: Some(u) } = op
+            && u <= now
+        {
+            return Err(crate::StoreError::Invalid {
+                field: "until",
+                value: u.to_rfc3339(),
+                reason: "must be in the future".into(),
+            });
+        }
+        // Operator events use no configuration and no randomness: the defaults do.
+        let cfg = redrive_policy::FlowConfig::default();
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(millis(now) as u64);
+        let (action, target) = op.audit_parts(dependency);
+        for _ in 0..16 {
+            let mut tx = self.tx().await?;
+            let row: Option<crate::rows::DepRow> =
+                sqlx::query_as(sqlx::AssertSqlSafe(self.op_sql().get_dep.clone()))
+                    .bind(dependency)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            let current = row.map(|r| r.into_dep()).transpose()?;
+            let flow = current.as_ref().map(|d| d.flow.clone()).unwrap_or_default();
+            let step = cfg.apply(&flow, op.event(), now, &mut rng);
+            let sql = match current {
+                None => self.sql().insert_dep.clone(),
+                Some(_) => self.sql().update_dep.clone(),
+            };
+            let q = Self::bind_dep_row(
+                sqlx::query_scalar(sqlx::AssertSqlSafe(sql)),
+                dependency,
+                &step.row,
+                millis(now),
+            );
+            let q = match &current {
+                Some(d) => q.bind(d.version),
+                None => q,
+            };
+            let version: Option<i64> = q.fetch_optional(&mut *tx).await?;
+            let Some(version) = version else {
+                // Another writer came first: read again and reapply.
+                tx.rollback().await?;
+                continue;
+            };
+            if let Some(t) = &step.transition {
+                sqlx::query(sqlx::AssertSqlSafe(self.sql().insert_event.clone()))
+                    .bind(dependency)
+                    .bind(millis(now))
+                    .bind(t.from.as_str())
+                    .bind(t.to.as_str())
+                    .bind(format!("{} ({} via {})", t.reason, actor.name, actor.via))
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            let rows = u64::from(step.changed);
+            self.audit_in(&mut *tx, actor, action, &target, rows, now)
+                .await?;
+            tx.commit().await?;
+            self.wake();
+            return Ok(crate::Dependency {
+                name: dependency.to_owned(),
+                flow: step.row,
+                version,
+                updated_at: now,
+            });
+        }
+        Err(crate::StoreError::Contended {
+            what: format!("dependency {dependency:?}"),
+        })
+    }
+
+    // Card quotas (see [`crate::quota`]).
+
+    async fn record_decline_impl(&self, d: &crate::NewDecline) -> crate::Result<()> {
+        let a = &d.advice;
+        sqlx::query(crate::quota::INSERT_DECLINE)
+            .bind(d.job_id)
+            .bind(i64::from(d.attempt))
+            .bind(d.quota_key.clone())
+            .bind(crate::model::millis(d.at))
+            .bind(a.network().as_str())
+            .bind(a.code().map(|c| c.as_str().to_owned()))
+            .bind(a.category().map(i64::from))
+            .bind(a.advice_code().map(i64::from))
+            .bind(a.rule().to_string())
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+
+    /// Takes one reattempt from `p`'s card key on `conn`, the caller's transaction, which
+    /// holds the key's lock: counts the key's reattempts in each window and, if every window
+    /// has room, records this one (`now` in milliseconds).
+    async fn take_reattempt_in(
+        &self,
+        conn: &mut <Self::Db as Database>::Connection,
+        p: &crate::ReattemptParams<'_>,
+        now: i64,
+    ) -> crate::Result<crate::QuotaTake> {
+        use crate::quota::{COUNT_IN_WINDOW, INSERT_REATTEMPT, NTH_IN_WINDOW, window_ms};
+        let mut full: Option<redrive_policy::QuotaExhausted> = None;
+        for w in p.windows {
+            let since = now.saturating_sub(window_ms(w.window()));
+            let (n,): (i64,) = sqlx::query_as(COUNT_IN_WINDOW)
+                .bind(p.quota_key)
+                .bind(since)
+                .fetch_one(&mut *conn)
+                .await?;
+            if n >= i64::from(w.max()) {
+                // Room for one more once the (n - max + 1)th oldest has left the window.
+                let (at,): (i64,) = sqlx::query_as(NTH_IN_WINDOW)
+                    .bind(p.quota_key)
+                    .bind(since)
+                    .bind(n - i64::from(w.max()))
+                    .fetch_one(&mut *conn)
+                    .await?;
+                let until = crate::model::from_millis(at.saturating_add(window_ms(w.window())));
+                if full.is_none_or(|f| until > f.until) {
+                    full = Some(redrive_policy::QuotaExhausted { until, window: *w });
+                }
+            }
+        }
+        Ok(match full {
+            Some(f) => crate::QuotaTake::Full(f),
+            None => {
+                sqlx::query(INSERT_REATTEMPT)
+                    .bind(p.quota_key)
+                    .bind(p.network.as_str())
+                    .bind(p.job_id)
+                    .bind(now)
+                    .execute(&mut *conn)
+                    .await?;
+                crate::QuotaTake::Taken
+            }
+        })
     }
 }
 

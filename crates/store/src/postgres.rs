@@ -4,50 +4,50 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgQueryResult};
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgListener, PgPoolOptions, PgQueryResult};
+use sqlx::query::QueryScalar;
 use sqlx::{Executor, PgConnection, PgPool, Postgres, Transaction};
 
+use crate::batch::CompletionRow;
 use crate::ops::Backend;
 use crate::sql::{Dialect, Sql};
 use crate::{Result, StoreError};
 
 /// Binds a batch of completion rows to [`COMPLETE_SQL`] (or an `EXPLAIN` of it): one array
 /// per column.
-macro_rules! bind_completions {
-    ($q:expr, $rows:expr) => {{
-        let rows = &$rows;
-        macro_rules! col {
-            ($f:ident) => {
-                rows.iter().map(|r| r.$f.clone()).collect::<Vec<_>>()
-            };
-        }
-        $q.bind(col!(id))
-            .bind(col!(token))
-            .bind(col!(state))
-            .bind(col!(attempts))
-            .bind(col!(exceptions))
-            .bind(col!(defers))
-            .bind(col!(consecutive_auth))
-            .bind(col!(prev_delay_ms))
-            .bind(col!(first_attempt_at))
-            .bind(col!(run_at))
-            .bind(col!(defer_reason))
-            .bind(col!(dead_reason))
-            .bind(col!(last_error))
-            .bind(col!(result))
-            .bind(col!(finished_at))
-            .bind(col!(updated_at))
-            .bind(col!(has_attempt))
-            .bind(col!(worker))
-            .bind(col!(started_at))
-            .bind(col!(duration_ms))
-            .bind(col!(class))
-            .bind(col!(http_status))
-            .bind(col!(error))
-            .bind(col!(delay_ms))
-            .bind(col!(mode))
-            .bind(col!(counted))
-    }};
+fn bind_completions<'q, O>(
+    q: QueryScalar<'q, Postgres, O, PgArguments>,
+    rows: &[CompletionRow],
+) -> QueryScalar<'q, Postgres, O, PgArguments> {
+    fn col<T>(rows: &[CompletionRow], f: impl Fn(&CompletionRow) -> T) -> Vec<T> {
+        rows.iter().map(f).collect()
+    }
+    q.bind(col(rows, |r| r.id))
+        .bind(col(rows, |r| r.token))
+        .bind(col(rows, |r| r.state))
+        .bind(col(rows, |r| r.attempts))
+        .bind(col(rows, |r| r.exceptions))
+        .bind(col(rows, |r| r.defers))
+        .bind(col(rows, |r| r.consecutive_auth))
+        .bind(col(rows, |r| r.prev_delay_ms))
+        .bind(col(rows, |r| r.first_attempt_at))
+        .bind(col(rows, |r| r.run_at))
+        .bind(col(rows, |r| r.defer_reason))
+        .bind(col(rows, |r| r.dead_reason))
+        .bind(col(rows, |r| r.last_error.clone()))
+        .bind(col(rows, |r| r.result.clone()))
+        .bind(col(rows, |r| r.finished_at))
+        .bind(col(rows, |r| r.updated_at))
+        .bind(col(rows, |r| r.has_attempt))
+        .bind(col(rows, |r| r.worker.clone()))
+        .bind(col(rows, |r| r.started_at))
+        .bind(col(rows, |r| r.duration_ms))
+        .bind(col(rows, |r| r.class))
+        .bind(col(rows, |r| r.http_status))
+        .bind(col(rows, |r| r.error.clone()))
+        .bind(col(rows, |r| r.delay_ms))
+        .bind(col(rows, |r| r.mode))
+        .bind(col(rows, |r| r.counted))
 }
 
 /// The PostgreSQL store, optionally inside its own schema.
@@ -201,9 +201,9 @@ impl PgStore {
         let rows: Vec<crate::batch::CompletionRow> =
             cs.iter().map(crate::batch::CompletionRow::of).collect();
         let sql = format!("EXPLAIN {COMPLETE_SQL}");
-        Ok(bind_completions!(
+        Ok(bind_completions(
             sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql)),
-            rows
+            &rows,
         )
         .fetch_all(&self.pool)
         .await?)
@@ -327,7 +327,7 @@ impl Backend for PgStore {
     ) -> Result<std::collections::HashSet<i64>> {
         let rows: Vec<crate::batch::CompletionRow> =
             cs.iter().map(crate::batch::CompletionRow::of).collect();
-        let applied: Vec<i64> = bind_completions!(sqlx::query_scalar(COMPLETE_SQL), rows)
+        let applied: Vec<i64> = bind_completions(sqlx::query_scalar(COMPLETE_SQL), &rows)
             .fetch_all(&self.pool)
             .await?;
         Ok(applied.into_iter().collect())
@@ -403,5 +403,3 @@ const COMPLETE_SQL: &str = "WITH upd AS (UPDATE redrive_jobs t SET state = v.sta
       u.counted \
     FROM upd u WHERE u.has_attempt) \
   SELECT id FROM upd";
-
-crate::operator::operator_ops!(PgStore, crate::sql::Dialect::Postgres);

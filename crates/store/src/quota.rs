@@ -148,64 +148,24 @@ impl DeclineRow {
     }
 }
 
-const INSERT_DECLINE: &str = "INSERT INTO redrive_declines \
+pub(crate) const INSERT_DECLINE: &str = "INSERT INTO redrive_declines \
     (job_id, attempt, quota_key, at, network, code, category, advice_code, rule) \
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 const DECLINES_OF: &str = "SELECT id, job_id, attempt, quota_key, at, network, code, category, \
     advice_code, rule FROM redrive_declines WHERE job_id = $1 ORDER BY id";
-const COUNT_IN_WINDOW: &str =
+pub(crate) const COUNT_IN_WINDOW: &str =
     "SELECT COUNT(*) FROM redrive_reattempts WHERE quota_key = $1 AND at > $2";
-const NTH_IN_WINDOW: &str = "SELECT at FROM redrive_reattempts WHERE quota_key = $1 AND at > $2 \
+pub(crate) const NTH_IN_WINDOW: &str = "SELECT at FROM redrive_reattempts WHERE quota_key = $1 AND at > $2 \
     ORDER BY at, id LIMIT 1 OFFSET $3";
-const INSERT_REATTEMPT: &str =
+pub(crate) const INSERT_REATTEMPT: &str =
     "INSERT INTO redrive_reattempts (quota_key, network, job_id, at) VALUES ($1, $2, $3, $4)";
 const REATTEMPTS_OF: &str = "SELECT job_id, network, at FROM redrive_reattempts \
     WHERE quota_key = $1 AND at > $2 ORDER BY at, id";
 #[cfg(feature = "postgres")]
 const PG_LOCK_KEY: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))";
 
-fn window_ms(w: Duration) -> i64 {
+pub(crate) fn window_ms(w: Duration) -> i64 {
     i64::try_from(w.as_millis()).unwrap_or(i64::MAX)
-}
-
-macro_rules! take_in {
-    ($tx:expr, $p:expr, $now:expr) => {{
-        let mut full: Option<QuotaExhausted> = None;
-        for w in $p.windows {
-            let since = $now.saturating_sub(window_ms(w.window()));
-            let (n,): (i64,) = sqlx::query_as(COUNT_IN_WINDOW)
-                .bind($p.quota_key)
-                .bind(since)
-                .fetch_one(&mut *$tx)
-                .await?;
-            if n >= i64::from(w.max()) {
-                // Room for one more once the (n - max + 1)th oldest has left the window.
-                let (at,): (i64,) = sqlx::query_as(NTH_IN_WINDOW)
-                    .bind($p.quota_key)
-                    .bind(since)
-                    .bind(n - i64::from(w.max()))
-                    .fetch_one(&mut *$tx)
-                    .await?;
-                let until = from_millis(at.saturating_add(window_ms(w.window())));
-                if full.is_none_or(|f| until > f.until) {
-                    full = Some(QuotaExhausted { until, window: *w });
-                }
-            }
-        }
-        match full {
-            Some(f) => QuotaTake::Full(f),
-            None => {
-                sqlx::query(INSERT_REATTEMPT)
-                    .bind($p.quota_key)
-                    .bind($p.network.as_str())
-                    .bind($p.job_id)
-                    .bind($now)
-                    .execute(&mut *$tx)
-                    .await?;
-                QuotaTake::Taken
-            }
-        }
-    }};
 }
 
 impl Store {
@@ -214,31 +174,7 @@ impl Store {
     /// # Errors
     /// A database error.
     pub async fn record_decline(&self, d: &NewDecline) -> Result<()> {
-        let a = &d.advice;
-        macro_rules! q {
-            ($pool:expr) => {
-                sqlx::query(INSERT_DECLINE)
-                    .bind(d.job_id)
-                    .bind(i64::from(d.attempt))
-                    .bind(d.quota_key.clone())
-                    .bind(millis(d.at))
-                    .bind(a.network().as_str())
-                    .bind(a.code().map(|c| c.as_str().to_owned()))
-                    .bind(a.category().map(i64::from))
-                    .bind(a.advice_code().map(i64::from))
-                    .bind(a.rule().to_string())
-                    .execute($pool)
-                    .await
-                    .map(|_| ())?
-            };
-        }
-        match self {
-            #[cfg(feature = "sqlite")]
-            Store::Sqlite(s) => q!(&s.pool),
-            #[cfg(feature = "postgres")]
-            Store::Postgres(s) => q!(&s.pool),
-        };
-        Ok(())
+        dispatch!(self, s => s.record_decline_impl(d).await)
     }
 
     /// A job's declines, oldest first.
@@ -246,22 +182,12 @@ impl Store {
     /// # Errors
     /// A database error, or a corrupt row.
     pub async fn declines(&self, job_id: JobId) -> Result<Vec<Decline>> {
-        let rows: Vec<DeclineRow> = match self {
-            #[cfg(feature = "sqlite")]
-            Store::Sqlite(s) => {
-                sqlx::query_as(DECLINES_OF)
-                    .bind(job_id)
-                    .fetch_all(&s.read)
-                    .await?
-            }
-            #[cfg(feature = "postgres")]
-            Store::Postgres(s) => {
-                sqlx::query_as(DECLINES_OF)
-                    .bind(job_id)
-                    .fetch_all(&s.read)
-                    .await?
-            }
-        };
+        let rows: Vec<DeclineRow> = dispatch!(self, s => {
+            sqlx::query_as(DECLINES_OF)
+                .bind(job_id)
+                .fetch_all(&s.read)
+                .await?
+        });
         rows.into_iter().map(DeclineRow::into_decline).collect()
     }
 
@@ -282,7 +208,7 @@ impl Store {
             Store::Sqlite(s) => {
                 // BEGIN IMMEDIATE: the one writer of the file, from the count to the insert.
                 let mut tx = s.tx().await?;
-                let out = take_in!(tx, p, now);
+                let out = s.take_reattempt_in(&mut tx, p, now).await?;
                 tx.commit().await?;
                 Ok(out)
             }
@@ -293,7 +219,7 @@ impl Store {
                     .bind(p.quota_key)
                     .execute(&mut *tx)
                     .await?;
-                let out = take_in!(tx, p, now);
+                let out = s.take_reattempt_in(&mut tx, p, now).await?;
                 tx.commit().await?;
                 Ok(out)
             }

@@ -406,17 +406,6 @@ const LAST: &str = "UPDATE redrive_schedules SET last_tick = $2, last_job_id = $
 const DELETE: &str = "DELETE FROM redrive_schedules WHERE name = $1";
 const NEXT: &str = "SELECT MIN(next_tick) FROM redrive_schedules";
 
-macro_rules! on_pool {
-    ($self:ident, $s:ident => $e:expr) => {
-        match $self {
-            #[cfg(feature = "sqlite")]
-            Store::Sqlite($s) => $e,
-            #[cfg(feature = "postgres")]
-            Store::Postgres($s) => $e,
-        }
-    };
-}
-
 impl Store {
     /// Creates the schedule, or replaces the one of that name. A replacement with the same
     /// cron expression keeps its place (`next_tick`), so ticks missed while the fleet was down
@@ -441,7 +430,7 @@ impl Store {
                 reason: "has no tick after now".into(),
             });
         };
-        let existed: i64 = on_pool!(self, s => {
+        let existed: i64 = dispatch!(self, s => {
             let mut tx = s.tx().await?;
             let n: i64 = sqlx::query_scalar(EXISTS).bind(&spec.name).fetch_one(&mut *tx).await?;
             sqlx::query(UPSERT)
@@ -477,7 +466,7 @@ impl Store {
     /// Every schedule, by name.
     pub async fn schedules(&self) -> Result<Vec<Schedule>> {
         let sql = format!("SELECT {COLS} FROM redrive_schedules ORDER BY name");
-        let rows: Vec<Row> = on_pool!(self, s => {
+        let rows: Vec<Row> = dispatch!(self, s => {
             sqlx::query_as(sqlx::AssertSqlSafe(sql)).fetch_all(&s.read).await?
         });
         rows.into_iter().map(Row::into_schedule).collect()
@@ -486,7 +475,7 @@ impl Store {
     /// One schedule.
     pub async fn schedule(&self, name: &str) -> Result<Option<Schedule>> {
         let sql = format!("SELECT {COLS} FROM redrive_schedules WHERE name = $1");
-        let row: Option<Row> = on_pool!(self, s => {
+        let row: Option<Row> = dispatch!(self, s => {
             sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(name).fetch_optional(&s.read).await?
         });
         row.map(Row::into_schedule).transpose()
@@ -494,14 +483,14 @@ impl Store {
 
     /// Deletes a schedule (its jobs stay). Returns whether it existed.
     pub async fn remove_schedule(&self, name: &str) -> Result<bool> {
-        let n = on_pool!(self, s => sqlx::query(DELETE).bind(name).execute(&s.pool).await?.rows_affected());
+        let n = dispatch!(self, s => sqlx::query(DELETE).bind(name).execute(&s.pool).await?.rows_affected());
         Ok(n > 0)
     }
 
     /// The earliest `next_tick` of all schedules (`None`: no schedule will tick).
     pub async fn next_schedule_tick(&self) -> Result<Option<Timestamp>> {
         let t: Option<i64> =
-            on_pool!(self, s => sqlx::query_scalar(NEXT).fetch_one(&s.read).await?);
+            dispatch!(self, s => sqlx::query_scalar(NEXT).fetch_one(&s.read).await?);
         Ok(t.map(from_millis))
     }
 
@@ -518,7 +507,7 @@ impl Store {
             "SELECT {COLS} FROM redrive_schedules WHERE next_tick IS NOT NULL \
              AND next_tick <= $1 ORDER BY name"
         );
-        let rows: Vec<Row> = on_pool!(self, s => {
+        let rows: Vec<Row> = dispatch!(self, s => {
             sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(millis(now)).fetch_all(&s.read).await?
         });
         let mut out = Vec::new();
@@ -542,7 +531,7 @@ impl Store {
             };
             let ticks = due_ticks(&cron, from, now, sched.missed, MISFIRE_GRACE);
             let next = cron.next_after(now);
-            let fired = on_pool!(self, s => {
+            let fired = dispatch!(self, s => {
                 let mut tx = s.tx().await?;
                 let moved = match next {
                     Some(n) => sqlx::query(MOVE)

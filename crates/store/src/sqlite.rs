@@ -441,4 +441,3 @@ mod tests {
         }
     }
 }
-crate::operator::operator_ops!(SqliteStore, crate::sql::Dialect::Sqlite);

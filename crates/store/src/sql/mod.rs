@@ -251,6 +251,11 @@ impl Sql {
         }
     }
 
+    /// The dialect the statements are written in.
+    pub(crate) fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
     /// The claim of `queues` queues (`$2`, a JSON array of them), with the kinds' filter
     /// (`$6`) if `kinds`: the first `$3` jobs of each queue, each walked in the claim index's
     /// order, then the first `$3` of those. One `queue IN (…)` over the index would instead
