@@ -125,9 +125,17 @@ fn two_thousand_charges_through_a_bad_day_are_each_made_exactly_once() {
         .count() as u64;
     let probes = n(&r, "/probes_sent");
     let judged = probes - n(&r, "/probes_rate_limited");
+    let per_round: Vec<u64> = r["probes_judged_per_round"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(per_round.len() as u64, rounds, "{r:#}");
+    assert_eq!(per_round.iter().sum::<u64>(), judged, "{r:#}");
     assert!(
-        probes >= 1 && judged <= 5 * rounds,
-        "{probes} probes ({judged} not answered 429) in {rounds} rounds"
+        probes >= 1 && per_round.iter().all(|p| *p <= 5),
+        "{probes} probes ({judged} not answered 429) in {rounds} rounds: {per_round:?}\n{transitions:#?}"
     );
     // No retry came before the Retry-After it was answered with.
     assert_eq!(n(&r, "/retries_before_retry_after"), 0);

@@ -986,9 +986,16 @@ impl FlowConfig {
                     .round_started
                     .is_none_or(|s| add(s, self.breaker.half_open_timeout()) <= now) =>
             {
-                // Its probers died or never answered: a new round.
+                // Its probers died or never answered: a new round, published like any other
+                // (operators see a round that hung, and a fleet's probes count per round).
                 self.half_open(row, now);
-                None
+                Some(Transition {
+                    from: BreakerState::HalfOpen,
+                    to: BreakerState::HalfOpen,
+                    at: now,
+                    reason: TransitionReason::ProbesUnanswered,
+                    open_until: None,
+                })
             }
             _ => None,
         }

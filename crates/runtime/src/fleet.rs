@@ -23,7 +23,8 @@ use std::time::Duration;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use redrive_policy::{
-    DeferReason, FailureClass, FlowClient, FlowConfig, FlowEvent, Next, PolicySet, Step, Timestamp,
+    CallResult, DeferReason, FailureClass, FlowClient, FlowConfig, FlowEvent, Next, PolicySet,
+    Step, Timestamp,
 };
 use redrive_store::{Dependency, DependencyWrite, StoreError};
 use tokio::sync::Semaphore;
@@ -32,6 +33,9 @@ use crate::db::Db;
 
 /// Compare-and-set attempts before an event gives up (another writer won every time).
 const CAS_TRIES: u32 = 8;
+
+/// Store errors a probe's report is tried through ([`Fleet::apply_reliably`]).
+const PROBE_REPORT_TRIES: u32 = 4;
 
 /// Whether a call to a dependency may go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +62,10 @@ struct Entry {
     read_at: Option<tokio::time::Instant>,
     inflight: Option<Arc<Semaphore>>,
     rng: SmallRng,
+    /// Held while this process applies an event to the row: its tasks take turns instead of
+    /// racing each other's compare-and-set (a burst of them, say after a pause, would
+    /// otherwise exhaust [`CAS_TRIES`] and lose reports such as a probe's answer).
+    writer: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// The process's view of the fleet's dependencies.
@@ -94,6 +102,7 @@ impl Fleet {
                 row: None,
                 read_at: None,
                 rng: SmallRng::seed_from_u64(self.seed ^ hash(dep).rotate_left(7)),
+                writer: Arc::new(tokio::sync::Mutex::new(())),
             }
         });
         f(e)
@@ -178,8 +187,20 @@ impl Fleet {
         // opened the breaker meanwhile. A call decided from the cached row alone needs no look.
         if applied && let Gate::Go { .. } | Gate::At { .. } = gate {
             let probe = matches!(gate, Gate::Go { probe: true });
-            if let blocked @ Gate::Blocked { .. } = self.at_slot(dep, probe, now).await? {
-                return Ok(blocked);
+            match self.at_slot(dep, probe, now).await {
+                Ok(blocked @ Gate::Blocked { .. }) => {
+                    if probe {
+                        self.return_probe(dep, now).await;
+                    }
+                    return Ok(blocked);
+                }
+                Ok(_) => {}
+                // The permit is taken: the call goes as the probe it is, and its answer will
+                // be reported (failing open as a plain call would leave the round waiting).
+                Err(e) if probe => {
+                    tracing::warn!(dependency = dep, "reading the dependency failed: {e}");
+                }
+                Err(e) => return Err(e),
             }
         }
         Ok(gate)
@@ -249,7 +270,7 @@ impl Fleet {
                 .after_call(&flow, probe, class, took, pause_until, now)
         });
         if let Some(ev) = report {
-            let step = self.apply(dep, ev, now).await?;
+            let step = self.apply_reliably(dep, ev, probe, now).await?;
             self.with(dep, |e| e.client.reported(&step.row, now));
             if let Some(until) = pause_until.filter(|_| class == FailureClass::RateLimited) {
                 tracing::info!(dependency = dep, until = %until, rate = ?step.row.rate,
@@ -259,8 +280,51 @@ impl Fleet {
         Ok(())
     }
 
+    /// A probe's permit taken for a call that was not made, or abandoned before its answer
+    /// (the lease was lost, the worker stopped, a card rule forbade it, the dependency was
+    /// paused meanwhile): the permit goes back to the round, so that the round is not left
+    /// waiting `half_open_timeout` for an answer that will never come.
+    pub(crate) async fn return_probe(&self, dep: &str, now: Timestamp) {
+        let ev = FlowEvent::ProbeAnswered {
+            result: CallResult::Ignored,
+        };
+        if let Err(e) = self.apply_reliably(dep, ev, true, now).await {
+            tracing::warn!(dependency = dep, "returning a probe's permit failed: {e}");
+        }
+    }
+
+    /// [`Fleet::apply`], and for a probe's report (`probe`) again on a store error, a few
+    /// times: a lost answer leaves its round waiting `half_open_timeout` for a verdict.
+    async fn apply_reliably(
+        &self,
+        dep: &str,
+        event: FlowEvent,
+        probe: bool,
+        now: Timestamp,
+    ) -> Result<Step, StoreError> {
+        let mut wait = Duration::from_millis(20);
+        let mut tries = 1;
+        loop {
+            match self.apply(dep, event, now).await {
+                Err(e) if probe && tries < PROBE_REPORT_TRIES => {
+                    tracing::warn!(
+                        dependency = dep,
+                        ?event,
+                        "reporting a probe failed, retrying: {e}"
+                    );
+                    tokio::time::sleep(wait).await;
+                    wait *= 2;
+                    tries += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// Applies `event` to the shared row: read, apply, compare-and-set, again on a conflict.
     async fn apply(&self, dep: &str, event: FlowEvent, now: Timestamp) -> Result<Step, StoreError> {
+        let writer = self.with(dep, |e| e.writer.clone());
+        let _turn = writer.lock().await;
         let mut row = self.row(dep, false).await?;
         let mut fresh = false;
         for _ in 0..CAS_TRIES {
@@ -365,4 +429,86 @@ fn hash(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use redrive_policy::{BreakerState, FlowEvent, PolicySet};
+    use redrive_store::Store;
+
+    use super::*;
+
+    async fn fleet(dir: &tempfile::TempDir) -> (Arc<Fleet>, Store) {
+        let url = format!("sqlite:{}", dir.path().join("q.db").display());
+        let store = Store::connect(&url).await.unwrap();
+        let db = Db::new(store.clone(), None);
+        let fleet = Fleet::new(db, PolicySet::builtin(), Duration::from_millis(20), 7);
+        (Arc::new(fleet), store)
+    }
+
+    /// A burst of reports from one process's tasks all land: they take turns on the row
+    /// instead of racing each other's compare-and-set until one gives up.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_burst_of_events_from_one_process_lands_every_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (fleet, store) = fleet(&dir).await;
+        let t0 = chrono::Utc::now();
+        // Create the row.
+        fleet
+            .apply("psp", FlowEvent::Pause { until: t0 }, t0)
+            .await
+            .unwrap();
+        let before = store.dependency("psp").await.unwrap().unwrap().version;
+        let tasks: Vec<_> = (1..=48)
+            .map(|i| {
+                let fleet = fleet.clone();
+                tokio::spawn(async move {
+                    // Each pause ends at another instant, so every event changes the row.
+                    let until = t0 + chrono::Duration::milliseconds(i);
+                    let step = fleet
+                        .apply("psp", FlowEvent::Pause { until }, t0)
+                        .await
+                        .unwrap();
+                    step.changed
+                })
+            })
+            .collect();
+        let mut landed = 0;
+        for t in tasks {
+            landed += u64::from(t.await.unwrap());
+        }
+        let after = store.dependency("psp").await.unwrap().unwrap().version;
+        assert_eq!(landed, 48);
+        assert_eq!(after - before, 48, "one write per event");
+    }
+
+    /// A probe's permit taken for a call that was not made goes back to its round.
+    #[tokio::test]
+    async fn a_returned_probe_permit_goes_back_to_the_round() {
+        let dir = tempfile::tempdir().unwrap();
+        let (fleet, store) = fleet(&dir).await;
+        let t0 = chrono::Utc::now();
+        let step = fleet
+            .apply(
+                "psp",
+                FlowEvent::Opened {
+                    reason: redrive_policy::TransitionReason::ProbeFailed,
+                },
+                t0,
+            )
+            .await
+            .unwrap();
+        let later = step.row.open_until.unwrap() + chrono::Duration::milliseconds(1);
+        let probe = fleet
+            .apply("psp", FlowEvent::TakeProbe, later)
+            .await
+            .unwrap();
+        assert_eq!(probe.row.state, BreakerState::HalfOpen);
+        let permits = probe.row.probe_permits;
+        fleet.return_probe("psp", later).await;
+        let row = store.dependency("psp").await.unwrap().unwrap().flow;
+        assert_eq!(row.probe_permits, permits + 1);
+    }
 }

@@ -611,6 +611,68 @@ async fn after_the_cool_down_one_probe_closes_the_breaker_for_everyone() {
     assert_eq!(ev, ["half_open>closed", "open>half_open", "closed>open"]);
 }
 
+/// Waits until its lease is taken away, then for ever.
+#[derive(Debug, Default)]
+struct Forever(AtomicU32);
+
+impl Handler for Forever {
+    fn run(&self, ctx: JobContext) -> BoxFuture<'static, Attempted> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            ctx.cancel.cancelled().await;
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            ok()
+        })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_probe_abandoned_by_a_lost_lease_gives_its_permit_back_to_the_round() {
+    let e = env().await;
+    let id = e
+        .enqueue(NewJob::new("q", "k", json!({})).dependency("psp"))
+        .await;
+    // Open, cool-down over: the job's call is the round's one probe.
+    let u = redrive_store::BreakerUpdate {
+        dependency: "psp".into(),
+        expect: None,
+        state: BreakerState::Open,
+        open_until: Some(e.clock.now()),
+        probe_permits: 0,
+        reason: "test".into(),
+        now: e.clock.now(),
+    };
+    e.db(move |s| async move { s.set_breaker(&u).await.unwrap() })
+        .await;
+    let h = Arc::new(Forever::default());
+    let w = e
+        .worker("k", h.clone())
+        .policies(breaker_policies(2))
+        .lease(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let run = tokio::spawn(async move { w.run_until_idle().await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let probing = e.dependency("psp").await.flow;
+    assert_eq!(
+        (probing.state, probing.probe_permits),
+        (BreakerState::HalfOpen, 0)
+    );
+    // An operator cancels the job mid-call: the probe is abandoned without an answer.
+    let now = e.clock.now();
+    e.db(move |s| async move { s.cancel(id, now).await.unwrap() })
+        .await;
+    let s = run.await.unwrap().unwrap();
+    assert_eq!((s.lease_lost, s.attempts), (1, 0), "{s:?}");
+    assert_eq!(h.0.load(Ordering::SeqCst), 1);
+    // Its permit is back: the next job probes now, not after `half_open_timeout`.
+    let after = e.dependency("psp").await.flow;
+    assert_eq!(
+        (after.state, after.probe_permits),
+        (BreakerState::HalfOpen, 1)
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_pause_seen_by_one_job_blocks_the_others_and_a_blocked_job_past_its_deadline_dies() {
     let e = env().await;
@@ -682,18 +744,6 @@ async fn a_pause_seen_by_one_job_blocks_the_others_and_a_blocked_job_past_its_de
 async fn a_lost_lease_cancels_the_handler_and_writes_nothing() {
     let e = env().await;
     let id = e.enqueue(NewJob::new("q", "k", json!({}))).await;
-    #[derive(Debug, Default)]
-    struct Forever(AtomicU32);
-    impl Handler for Forever {
-        fn run(&self, ctx: JobContext) -> BoxFuture<'static, Attempted> {
-            self.0.fetch_add(1, Ordering::SeqCst);
-            Box::pin(async move {
-                ctx.cancel.cancelled().await;
-                tokio::time::sleep(Duration::from_secs(3600)).await;
-                ok()
-            })
-        }
-    }
     let h = Arc::new(Forever::default());
     let w = e
         .worker("k", h.clone())

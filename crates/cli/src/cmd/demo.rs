@@ -67,6 +67,9 @@ struct Report {
     /// Of the probes, those answered 429: their permits went back to the round, so another
     /// probe was sent in their place.
     probes_rate_limited: u64,
+    /// The probes not answered 429, per half-open round (in the order of the transitions to
+    /// half-open): each at most the half-open group's size.
+    probes_judged_per_round: Vec<u64>,
     /// Attempts that followed a 429 sooner than its `Retry-After` (must be 0).
     retries_before_retry_after: u64,
     psp: Psp,
@@ -583,6 +586,7 @@ async fn report(
         requests_while_open: breaker.requests_while_open,
         probes_sent: breaker.probes_sent,
         probes_rate_limited: breaker.probes_rate_limited,
+        probes_judged_per_round: breaker.probes_judged_per_round,
         retries_before_retry_after: early,
         psp,
         psp_load,
@@ -634,11 +638,12 @@ fn print_report(r: &Report) -> anyhow::Result<()> {
         r.retries_before_retry_after
     );
     outln!(
-        "  breaker            {} transitions, {} PSP requests while open, {} probes while half-open ({} answered 429)",
+        "  breaker            {} transitions, {} PSP requests while open, {} probes while half-open ({} answered 429; the others per round: {:?})",
         r.breaker_transitions.len(),
         r.requests_while_open,
         r.probes_sent,
-        r.probes_rate_limited
+        r.probes_rate_limited,
+        r.probes_judged_per_round
     );
     for t in &r.breaker_transitions {
         outln!(

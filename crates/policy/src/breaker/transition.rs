@@ -53,6 +53,9 @@ pub enum TransitionReason {
     ProbeFailed,
     /// Every probe of the round succeeded.
     ProbesSucceeded,
+    /// A half-open round got no verdict within `half_open_timeout` (its probes were lost or
+    /// never answered): a new round starts, with a full group of probes.
+    ProbesUnanswered,
     /// An operator forced or released the breaker.
     Forced,
     /// Another worker of the fleet changed the shared state.
@@ -71,6 +74,7 @@ impl std::fmt::Display for TransitionReason {
             TransitionReason::CooldownElapsed => f.write_str("cool-down elapsed"),
             TransitionReason::ProbeFailed => f.write_str("probe failed"),
             TransitionReason::ProbesSucceeded => f.write_str("probes succeeded"),
+            TransitionReason::ProbesUnanswered => f.write_str("probes unanswered: new round"),
             TransitionReason::Forced => f.write_str("forced by an operator"),
             TransitionReason::Remote => f.write_str("changed by another worker"),
         }

@@ -208,6 +208,17 @@ fn a_round_whose_probers_vanished_starts_again_after_the_timeout() {
     let late = c.apply(&row, FlowEvent::Tick, at_ms(31_000), &mut rng());
     assert_eq!(late.row.probe_permits, 5);
     assert_eq!(late.row.round_started, Some(at_ms(31_000)));
+    // The new round is published: operators see the round that hung.
+    let t = late.transition.expect("a new round is a transition");
+    assert_eq!(
+        (t.from, t.to, t.reason),
+        (
+            BreakerState::HalfOpen,
+            BreakerState::HalfOpen,
+            TransitionReason::ProbesUnanswered
+        )
+    );
+    assert_eq!(t.reason.to_string(), "probes unanswered: new round");
 }
 
 #[test]

@@ -174,9 +174,12 @@ impl Run {
         };
         loop {
             let admitted = phase!(self.admit(&mut claim).await);
-            let inflight = phase!(self.card_rules(&mut claim, admitted.inflight).await);
+            let inflight = phase!(
+                self.card_rules(&mut claim, admitted.probe, admitted.inflight)
+                    .await
+            );
             let called = phase!(self.call(&mut claim, admitted.probe, inflight).await);
-            let (called, class) = phase!(self.classify(&mut claim, called));
+            let (called, class) = phase!(self.classify(&mut claim, called).await);
             let decided = self.decide(&mut claim, &called, class).await;
             phase!(self.record(&mut claim, &called, &decided).await);
             phase!(self.wait(&mut claim, &called, decided).await);
@@ -326,6 +329,7 @@ impl Run {
     async fn card_rules(
         &self,
         claim: &mut Claim<'_>,
+        probe: bool,
         inflight: Option<OwnedSemaphorePermit>,
     ) -> Phase<Option<OwnedSemaphorePermit>> {
         let Some(last) = &claim.last_decline else {
@@ -354,6 +358,7 @@ impl Run {
         match transition {
             Some(t) => {
                 drop(inflight);
+                self.return_probe(claim.job, probe).await;
                 Phase::End(self.end_unattempted(claim, t).await)
             }
             None => Phase::Next(inflight),
@@ -388,9 +393,13 @@ impl Run {
                     _ = claim.lost.cancelled() => {
                         lost_lease(&mut claim.summary);
                         tracing::warn!(job = job.id, "lease lost: attempt abandoned");
+                        self.return_probe(job, probe).await;
                         return Phase::End(Ok(claim.summary));
                     }
-                    _ = self.hard.cancelled() => return Phase::End(self.release(claim).await),
+                    _ = self.hard.cancelled() => {
+                        self.return_probe(job, probe).await;
+                        return Phase::End(self.release(claim).await);
+                    }
                     r = call => match r {
                         Ok(a) => a,
                         Err(p) => Attempted::failure(
@@ -424,7 +433,11 @@ impl Run {
 
     /// Classify: the attempt's failure class on its span and in the metrics; a lease lost
     /// meanwhile ends the claim unrecorded.
-    fn classify(&self, claim: &mut Claim<'_>, called: Called) -> Phase<(Called, FailureClass)> {
+    async fn classify(
+        &self,
+        claim: &mut Claim<'_>,
+        called: Called,
+    ) -> Phase<(Called, FailureClass)> {
         let class = called.attempted.outcome.class();
         called.span.record("class", class.as_str());
         claim.summary.attempts += 1;
@@ -435,6 +448,10 @@ impl Run {
             called.took,
         );
         if claim.lost.is_cancelled() {
+            // The call was made and answered: what it says of the dependency (a probe's
+            // verdict above all) still goes to the fleet.
+            let now = self.shared.config.clock.now();
+            self.publish(claim.job, &called, class, None, now).await;
             lost_lease(&mut claim.summary);
             return Phase::End(Ok(claim.summary));
         }
@@ -458,20 +475,8 @@ impl Run {
             claim.last_decline = Some(declines::LastDecline::of(&advice, now));
             claim.declines_seen += 1;
         }
-        if let Some(dep) = &job.dependency
-            && let Err(e) = (self.shared.fleet)
-                .record(
-                    dep,
-                    called.probe,
-                    class,
-                    called.took,
-                    verdict.pause_until,
-                    now,
-                )
-                .await
-        {
-            tracing::warn!(dependency = %dep, "publishing the breaker/pause failed: {e}");
-        }
+        self.publish(job, called, class, verdict.pause_until, now)
+            .await;
         let mut action = verdict.action;
         // A wait in process that would end while the dependency is still open or paused
         // (this failure may just have opened it) holds a slot for nothing: defer instead.
@@ -489,6 +494,33 @@ impl Run {
             step,
             class,
             now,
+        }
+    }
+
+    /// A call's answer to the fleet: a probe's verdict, this process's failure window (an
+    /// opening), a `Retry-After` pause until `pause_until`.
+    async fn publish(
+        &self,
+        job: &Job,
+        called: &Called,
+        class: FailureClass,
+        pause_until: Option<Timestamp>,
+        now: Timestamp,
+    ) {
+        let Some(dep) = &job.dependency else { return };
+        let fleet = &self.shared.fleet;
+        if let Err(e) =
+            (fleet.record(dep, called.probe, class, called.took, pause_until, now)).await
+        {
+            tracing::warn!(dependency = %dep, "publishing the breaker/pause failed: {e}");
+        }
+    }
+
+    /// A probe's permit back to its round, for a call not made or abandoned unanswered.
+    async fn return_probe(&self, job: &Job, probe: bool) {
+        if let (true, Some(dep)) = (probe, &job.dependency) {
+            let now = self.shared.config.clock.now();
+            self.shared.fleet.return_probe(dep, now).await;
         }
     }
 

@@ -116,7 +116,7 @@ pub(crate) type Starts = HashMap<String, Vec<DateTime<Utc>>>;
 pub(crate) const STORED_MS: chrono::Duration = chrono::Duration::microseconds(999);
 
 /// PSP requests counted against the breaker's state when they were let through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 pub(crate) struct BreakerCounts {
     /// Requests let through while the breaker was open (must be 0).
     pub(crate) requests_while_open: u64,
@@ -126,6 +126,10 @@ pub(crate) struct BreakerCounts {
     /// PSP's health, so its permit goes back to the round and another probe may be sent.
     /// `probes_sent - probes_rate_limited` is at most the half-open group's size per round.
     pub(crate) probes_rate_limited: u64,
+    /// The probes not answered 429, per half-open round (the n-th entry counts the requests
+    /// let through after the n-th transition to half-open and before the next transition):
+    /// each is at most the half-open group's size.
+    pub(crate) probes_judged_per_round: Vec<u64>,
 }
 
 /// Counts the requests of `log` let through while the breaker was open, and while it was
@@ -147,7 +151,17 @@ pub(crate) fn breaker_counts(
     transitions: &[Transition],
 ) -> BreakerCounts {
     let end_of_ms = resolution;
-    let mut c = BreakerCounts::default();
+    // The round each transition to half-open starts (by its index among them).
+    let mut round = Vec::with_capacity(transitions.len());
+    let mut rounds = 0;
+    for t in transitions {
+        round.push(rounds);
+        rounds += usize::from(t.to == BreakerState::HalfOpen);
+    }
+    let mut c = BreakerCounts {
+        probes_judged_per_round: vec![0; rounds],
+        ..BreakerCounts::default()
+    };
     for r in log {
         let start = r
             .key
@@ -155,16 +169,16 @@ pub(crate) fn breaker_counts(
             .and_then(|k| starts.get(k))
             .and_then(|s| s.iter().rev().find(|s| **s <= r.at));
         let admitted = start.map_or(r.at, |s| (*s + end_of_ms).min(r.at));
-        let state = transitions
-            .iter()
-            .rev()
-            .find(|t| t.at <= admitted)
-            .map_or(BreakerState::Closed, |t| t.to);
+        let in_force = transitions.iter().rposition(|t| t.at <= admitted);
+        let state = in_force.map_or(BreakerState::Closed, |i| transitions[i].to);
         match state {
             BreakerState::Open => c.requests_while_open += 1,
             BreakerState::HalfOpen => {
                 c.probes_sent += 1;
                 c.probes_rate_limited += u64::from(r.status == 429);
+                if r.status != 429 {
+                    c.probes_judged_per_round[round[in_force.unwrap_or(0)]] += 1;
+                }
             }
             BreakerState::Closed => {}
         }
@@ -417,9 +431,10 @@ mod tests {
         assert_eq!(
             breaker_counts(&log, &s, STORED_MS, &transitions),
             BreakerCounts {
-                requests_while_open: 4, // b, c, g and the one without a key
-                probes_sent: 3,         // d, e, and f's first
-                probes_rate_limited: 1, // e
+                requests_while_open: 4,              // b, c, g and the one without a key
+                probes_sent: 3,                      // d, e, and f's first
+                probes_rate_limited: 1,              // e
+                probes_judged_per_round: vec![1, 1], // d; f's first
             }
         );
         assert_eq!(
@@ -436,6 +451,7 @@ mod tests {
                 requests_while_open: 3,
                 probes_sent: 3,
                 probes_rate_limited: 1,
+                probes_judged_per_round: vec![1, 1],
             }
         );
         exact.insert("b".into(), vec![us(1000, 700)]);
