@@ -97,6 +97,20 @@ impl Env {
         })
         .await
     }
+    /// Opens the `psp` breaker by hand, its cool-down already over.
+    async fn open_cooled_down(&self) {
+        let u = redrive_store::BreakerUpdate {
+            dependency: "psp".into(),
+            expect: None,
+            state: BreakerState::Open,
+            open_until: Some(self.clock.now()),
+            probe_permits: 0,
+            reason: "test".into(),
+            now: self.clock.now(),
+        };
+        self.db(move |s| async move { s.set_breaker(&u).await.unwrap() })
+            .await;
+    }
     fn worker(&self, kind: &str, h: Arc<dyn Handler>) -> redrive_runtime::WorkerBuilder {
         Worker::builder(self.store.clone(), vec!["q".into()])
             .handler(kind, h)
@@ -577,18 +591,7 @@ async fn after_the_cool_down_one_probe_closes_the_breaker_for_everyone() {
         e.enqueue(NewJob::new("q", "k", json!({})).dependency("psp"))
             .await;
     }
-    // Open it by hand, cool-down already over.
-    let u = redrive_store::BreakerUpdate {
-        dependency: "psp".into(),
-        expect: None,
-        state: BreakerState::Open,
-        open_until: Some(e.clock.now()),
-        probe_permits: 0,
-        reason: "test".into(),
-        now: e.clock.now(),
-    };
-    e.db(move |s| async move { s.set_breaker(&u).await.unwrap() })
-        .await;
+    e.open_cooled_down().await;
     let h = script(vec![ok()]);
     let s = e
         .worker("k", h.clone())
@@ -632,18 +635,8 @@ async fn a_probe_abandoned_by_a_lost_lease_gives_its_permit_back_to_the_round() 
     let id = e
         .enqueue(NewJob::new("q", "k", json!({})).dependency("psp"))
         .await;
-    // Open, cool-down over: the job's call is the round's one probe.
-    let u = redrive_store::BreakerUpdate {
-        dependency: "psp".into(),
-        expect: None,
-        state: BreakerState::Open,
-        open_until: Some(e.clock.now()),
-        probe_permits: 0,
-        reason: "test".into(),
-        now: e.clock.now(),
-    };
-    e.db(move |s| async move { s.set_breaker(&u).await.unwrap() })
-        .await;
+    // The job's call is the round's one probe.
+    e.open_cooled_down().await;
     let h = Arc::new(Forever::default());
     let w = e
         .worker("k", h.clone())
