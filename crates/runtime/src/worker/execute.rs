@@ -432,7 +432,8 @@ impl Run {
     }
 
     /// Classify: the attempt's failure class on its span and in the metrics; a lease lost
-    /// meanwhile ends the claim unrecorded.
+    /// meanwhile ends the claim with the attempt unrecorded, its answer still published to
+    /// the fleet.
     async fn classify(
         &self,
         claim: &mut Claim<'_>,

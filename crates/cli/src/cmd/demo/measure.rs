@@ -169,16 +169,19 @@ pub(crate) fn breaker_counts(
             .and_then(|k| starts.get(k))
             .and_then(|s| s.iter().rev().find(|s| **s <= r.at));
         let admitted = start.map_or(r.at, |s| (*s + end_of_ms).min(r.at));
-        let in_force = transitions.iter().rposition(|t| t.at <= admitted);
-        let state = in_force.map_or(BreakerState::Closed, |i| transitions[i].to);
-        match state {
+        // The transition in force (none: closed, as before the first).
+        let Some(i) = transitions.iter().rposition(|t| t.at <= admitted) else {
+            continue;
+        };
+        match transitions[i].to {
             BreakerState::Open => c.requests_while_open += 1,
+            BreakerState::HalfOpen if r.status == 429 => {
+                c.probes_sent += 1;
+                c.probes_rate_limited += 1;
+            }
             BreakerState::HalfOpen => {
                 c.probes_sent += 1;
-                c.probes_rate_limited += u64::from(r.status == 429);
-                if r.status != 429 {
-                    c.probes_judged_per_round[round[in_force.unwrap_or(0)]] += 1;
-                }
+                c.probes_judged_per_round[round[i]] += 1;
             }
             BreakerState::Closed => {}
         }
