@@ -262,6 +262,44 @@ fn bench_on_postgres_enqueues_from_four_producers_by_default() {
     assert_eq!(r["scheduled_pickup_samples"], 200);
 }
 
+/// The bench keeps the URL's parameters other than `schema=` (it uses a schema of its own):
+/// an `options=-c …` reaches the server, which refuses a setting it does not know. They were
+/// dropped before, so experiments such as `synchronous_commit=off` measured nothing.
+#[test]
+fn bench_on_postgres_passes_the_urls_parameters_to_the_server() {
+    let url = redrive_testkit::postgres_url();
+    if !block(redrive_testkit::postgres_available(&url)) {
+        return;
+    }
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let run = |params: &str| {
+        redrive_testkit::cli!()
+            .cmd()
+            .args([
+                "--db",
+                &format!("{url}{sep}{params}"),
+                "bench",
+                "--jobs",
+                "20",
+                "--concurrency",
+                "1",
+                "--json",
+            ])
+            .output()
+            .unwrap()
+    };
+    let o = run("options=-c%20redrive_no_such%3D1&schema=ignored");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success(),
+        "an unknown setting was not sent: {stderr}"
+    );
+    assert!(stderr.contains("redrive_no_such"), "stderr: {stderr}");
+    let o = run("options=-c%20synchronous_commit%3Doff&schema=ignored");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "stderr: {stderr}");
+}
+
 #[test]
 fn bench_drains_one_postgres_queue_with_several_work_processes() {
     let url = redrive_testkit::postgres_url();

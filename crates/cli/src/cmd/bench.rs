@@ -105,11 +105,23 @@ async fn scratch(db: &str, n: u32) -> anyhow::Result<Scratch> {
     }
     if db.starts_with("postgres://") || db.starts_with("postgresql://") {
         let schema = format!("redrive_bench_{}_{n}", std::process::id());
-        let base = db.split_once('?').map_or(db, |(b, _)| b);
-        let pg = PgStore::connect(base, Some(&schema), 80).await?;
+        // The bench's own schema replaces any `schema=`; the other parameters (`sslmode`,
+        // `options=-c …`) reach the server.
+        let (base, query) = db.split_once('?').unwrap_or((db, ""));
+        let params: Vec<&str> = query
+            .split('&')
+            .filter(|p| !p.is_empty() && !p.starts_with("schema="))
+            .collect();
+        let url = if params.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", params.join("&"))
+        };
+        let pg = PgStore::connect(&url, Some(&schema), 80).await?;
+        let sep = if params.is_empty() { '?' } else { '&' };
         return Ok(Scratch {
             store: Store::Postgres(pg),
-            url: format!("{base}?schema={schema}"),
+            url: format!("{url}{sep}schema={schema}"),
             _dir: None,
         });
     }
