@@ -1150,3 +1150,47 @@ async fn declines_never_open_the_breaker() {
         .unwrap();
     assert_eq!(e2.dependency("psp").await.flow.state, BreakerState::Open);
 }
+
+/// A call longer than the heartbeat interval has its lease extended at every interval from
+/// the claim on (the heartbeat task starts only once the first extension is due, so a claim
+/// that ends sooner needs none), and the job ends as a success, its lease never lost.
+#[tokio::test(start_paused = true)]
+async fn a_long_call_has_its_lease_extended_at_every_heartbeat_interval() {
+    let e = env().await;
+    let id = e.enqueue(NewJob::new("q", "k", json!({}))).await;
+    #[derive(Debug)]
+    struct Slow;
+    impl Handler for Slow {
+        fn run(&self, _: JobContext) -> BoxFuture<'static, Attempted> {
+            Box::pin(async {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                ok()
+            })
+        }
+    }
+    // A 3 s lease is extended every second, each time to 3 s after the extension.
+    let w = e
+        .worker("k", Arc::new(Slow))
+        .lease(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let start = e.clock.now();
+    let run = tokio::spawn(async move { w.run_until_idle().await });
+    let ms = chrono::Duration::milliseconds;
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        seen.push(e.get(id).await.lease_expires_at.unwrap() - start);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // At 0.5 s the claim's own lease; at 1.5 s and 2.5 s the first and second extensions
+    // (stored to the millisecond, so a hair under).
+    for (got, want) in seen.iter().zip([3000, 4000, 5000]) {
+        assert!(
+            *got > ms(want - 10) && *got < ms(want + 400),
+            "lease ends {got:?} after the claim, expected about {want} ms: {seen:?}"
+        );
+    }
+    let s = run.await.unwrap().unwrap();
+    assert_eq!((s.succeeded, s.lease_lost), (1, 0), "{s:?}");
+}

@@ -57,9 +57,20 @@ impl Worker {
 }
 
 impl Run {
-    /// Extends the claim's lease every third of its length (or the configured interval) until
-    /// aborted; cancels `lost` when the lease is lost, or when the store has been unreachable
-    /// for so long that the lease is about to run out.
+    /// How often a claim's lease is extended: every third of its length, or the configured
+    /// interval (at most half the lease).
+    pub(super) fn heartbeat_every(&self) -> std::time::Duration {
+        let config = &self.shared.config;
+        config
+            .heartbeat
+            .unwrap_or(config.lease / 3)
+            .min(config.lease / 2)
+    }
+
+    /// Extends the claim's lease now and then every [`Run::heartbeat_every`] until aborted
+    /// (the caller starts it once the first extension is due); cancels `lost` when the lease
+    /// is lost, or when the store has been unreachable for so long that the lease is about to
+    /// run out.
     pub(super) fn spawn_heartbeat(
         &self,
         job: &Job,
@@ -70,13 +81,16 @@ impl Run {
         let clock = config.clock.clone();
         let lease = job.lease();
         let len = config.lease;
-        let every = config.heartbeat.unwrap_or(len / 3).min(len / 2);
+        let every = self.heartbeat_every();
         let mut until: Timestamp = job
             .lease_expires_at
             .unwrap_or_else(|| clock.now() + chrono::Duration::from_std(len).unwrap_or_default());
         tokio::spawn(async move {
+            let mut first = true;
             loop {
-                tokio::time::sleep(every).await;
+                if !std::mem::take(&mut first) {
+                    tokio::time::sleep(every).await;
+                }
                 let now = clock.now();
                 match db
                     .run(move |s| async move { s.heartbeat(lease, len, now).await })
