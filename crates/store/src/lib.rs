@@ -517,8 +517,11 @@ impl Store {
     }
 }
 
+/// Splits redrive's own `schema=NAME` parameter off a PostgreSQL URL (see
+/// [`Store::connect`]): the URL with its other parameters, which go to the server, and the
+/// schema if one was given.
 #[cfg(feature = "postgres")]
-fn split_schema(url: &str) -> (String, Option<String>) {
+pub fn split_schema(url: &str) -> (String, Option<String>) {
     let Some((base, query)) = url.split_once('?') else {
         return (url.to_owned(), None);
     };

@@ -107,18 +107,9 @@ async fn scratch(db: &str, n: u32) -> anyhow::Result<Scratch> {
         let schema = format!("redrive_bench_{}_{n}", std::process::id());
         // The bench's own schema replaces any `schema=`; the other parameters (`sslmode`,
         // `options=-c …`) reach the server.
-        let (base, query) = db.split_once('?').unwrap_or((db, ""));
-        let params: Vec<&str> = query
-            .split('&')
-            .filter(|p| !p.is_empty() && !p.starts_with("schema="))
-            .collect();
-        let url = if params.is_empty() {
-            base.to_owned()
-        } else {
-            format!("{base}?{}", params.join("&"))
-        };
+        let (url, _) = redrive_store::split_schema(db);
         let pg = PgStore::connect(&url, Some(&schema), 80).await?;
-        let sep = if params.is_empty() { '?' } else { '&' };
+        let sep = if url.contains('?') { '&' } else { '?' };
         return Ok(Scratch {
             store: Store::Postgres(pg),
             url: format!("{url}{sep}schema={schema}"),

@@ -86,11 +86,7 @@ impl Run {
             .lease_expires_at
             .unwrap_or_else(|| clock.now() + chrono::Duration::from_std(len).unwrap_or_default());
         tokio::spawn(async move {
-            let mut first = true;
             loop {
-                if !std::mem::take(&mut first) {
-                    tokio::time::sleep(every).await;
-                }
                 let now = clock.now();
                 match db
                     .run(move |s| async move { s.heartbeat(lease, len, now).await })
@@ -112,6 +108,7 @@ impl Run {
                         }
                     }
                 }
+                tokio::time::sleep(every).await;
             }
         })
     }
