@@ -104,16 +104,17 @@ impl Drop for Guard {
     }
 }
 
-/// Installs the subscriber: `default` is the level filter when RUST_LOG is not set.
-pub(crate) fn init(format: LogFormat, default: &str) -> Guard {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    let ansi = format == LogFormat::Text && std::io::stderr().is_terminal();
+/// The log lines' layer, unfiltered.
+fn log_layer<S>(format: LogFormat) -> Box<dyn tracing_subscriber::Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
     use tracing_subscriber::Layer;
-    let logs: Box<dyn Layer<tracing_subscriber::Registry> + Send + Sync> = match format {
+    let ansi = format == LogFormat::Text && std::io::stderr().is_terminal();
+    match format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_writer(Redacting(format))
             .with_ansi(ansi)
-            .with_filter(filter)
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()
@@ -121,27 +122,42 @@ pub(crate) fn init(format: LogFormat, default: &str) -> Guard {
             .with_current_span(false)
             .with_span_list(false)
             .with_writer(Redacting(format))
-            .with_filter(filter)
             .boxed(),
-    };
-    #[cfg_attr(not(feature = "otel"), allow(unused_mut))]
-    let mut layers = vec![logs];
+    }
+}
+
+/// Installs the subscriber: `default` is the level filter when RUST_LOG is not set.
+///
+/// Without span export, RUST_LOG filters the whole subscriber, not the log layer alone: a
+/// per-layer filter loses events (tokio-rs/tracing#2519: sqlx asks `enabled` for its own
+/// query logs after every statement, and the next event whose callsite is cached as always
+/// enabled reads that stale answer; `RUST_LOG=redrive_runtime::completer=debug` printed no
+/// group commit on PostgreSQL). With span export each layer keeps its own filter (the spans
+/// are exported whatever RUST_LOG says of the log lines), and that loss can come back.
+pub(crate) fn init(format: LogFormat, default: &str) -> Guard {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     #[cfg(feature = "otel")]
-    let provider = match otel::layer() {
-        Ok(Some((l, p))) => {
-            layers.push(l);
-            Some(p)
+    {
+        use tracing_subscriber::Layer;
+        match otel::layer() {
+            Ok(Some((l, p))) => {
+                let logs = log_layer(format).with_filter(filter).boxed();
+                let _ = tracing_subscriber::registry()
+                    .with(vec![logs, l])
+                    .try_init();
+                return Guard { provider: Some(p) };
+            }
+            Ok(None) => {}
+            Err(e) => eprintln!("redrive: OpenTelemetry export is off: {e}"),
         }
-        Ok(None) => None,
-        Err(e) => {
-            eprintln!("redrive: OpenTelemetry export is off: {e}");
-            None
-        }
-    };
-    let _ = tracing_subscriber::registry().with(layers).try_init();
+    }
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(log_layer(format))
+        .try_init();
     Guard {
         #[cfg(feature = "otel")]
-        provider,
+        provider: None,
     }
 }
 

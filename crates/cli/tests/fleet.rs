@@ -300,6 +300,40 @@ fn bench_on_postgres_passes_the_urls_parameters_to_the_server() {
     assert!(o.status.success(), "stderr: {stderr}");
 }
 
+/// RUST_LOG reaches every event: the group commits' debug lines, each written right after a
+/// sqlx statement, were all lost on PostgreSQL while the log layer had a filter of its own
+/// (sqlx's check of its own query log left a stale answer for the next event;
+/// tokio-rs/tracing#2519), and so could a warning written at that instant.
+#[test]
+fn rust_log_shows_the_events_written_right_after_a_postgres_statement() {
+    let url = redrive_testkit::postgres_url();
+    if !block(redrive_testkit::postgres_available(&url)) {
+        return;
+    }
+    let o = redrive_testkit::cli!()
+        .cmd()
+        .env("RUST_LOG", "redrive_runtime::completer=debug")
+        .args([
+            "--db",
+            &url,
+            "bench",
+            "--jobs",
+            "400",
+            "--concurrency",
+            "1",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "stderr: {stderr}");
+    let commits = stderr
+        .lines()
+        .filter(|l| l.contains("group commit"))
+        .count();
+    assert!(commits > 0, "no group commit logged; stderr: {stderr}");
+}
+
 #[test]
 fn bench_drains_one_postgres_queue_with_several_work_processes() {
     let url = redrive_testkit::postgres_url();
