@@ -289,13 +289,11 @@ impl Pool {
                     Err(_) => break,
                 }
             }
-            // A claim fills at least a quarter of what it may ask for; fewer only when no
-            // claim is in flight and the pool is quiet (or has lingered long enough).
-            let enough = (want.min(config.concurrency) / 4).max(1);
             let quiet = self.tasks.is_empty() || config.claim_linger.is_zero();
             let lingered = self.linger_until.is_some_and(|t| Instant::now() >= t);
+            let full = want.min(config.concurrency);
             let n = self.gathered.len();
-            if n >= enough || (n > 0 && self.flying.is_empty() && (quiet || lingered)) {
+            if claim_now(n, full, self.flying.len(), quiet || lingered) {
                 self.launch();
                 return Pass::Go(());
             }
@@ -445,13 +443,7 @@ impl Pool {
         let mut permits = permits.into_iter();
         for job in jobs {
             let permit = permits.next();
-            let run = self.run.clone();
-            let id = job.id;
-            self.tasks.spawn(async move {
-                let r = AssertUnwindSafe(run.execute(job)).catch_unwind().await;
-                drop(permit);
-                (id, r)
-            });
+            self.tasks.spawn(job_task(self.run.clone(), job, permit));
         }
     }
 
@@ -474,6 +466,42 @@ impl Pool {
     }
 }
 
+/// One claimed job's task: the claim executed, its slot freed at the end.
+///
+/// The executor's future (a few KB: every phase's state) is boxed, so that the task itself
+/// is small: tokio copies a task's future into its cell at the spawn and its stage at the
+/// end, which was a sixth of a worker's CPU time when draining noop jobs.
+fn job_task(
+    run: Arc<Run>,
+    job: Job,
+    permit: Option<OwnedSemaphorePermit>,
+) -> impl std::future::Future<Output = TaskEnd> + Send + 'static {
+    let id = job.id;
+    async move {
+        let r = AssertUnwindSafe(Box::pin(run.execute(job)))
+            .catch_unwind()
+            .await;
+        drop(permit);
+        (id, r)
+    }
+}
+
+/// Whether a claim for the `n` slots gathered starts now, beside `flying` claims in flight:
+/// one for a full batch (`full`: the batch, or all the slots if fewer) at any time; with
+/// none in flight one for a quarter of it, or fewer once the pool is `quiet` (nothing
+/// running, or it lingered long enough). A claim beside one in flight is always full: with
+/// claims of a quarter, a busy PostgreSQL worker claimed ~130 jobs per statement against
+/// the store-level loop's 200, and the server spent 25–40% more CPU per job.
+fn claim_now(n: usize, full: usize, flying: usize, quiet: bool) -> bool {
+    if n == 0 {
+        return false;
+    }
+    if flying > 0 {
+        return n >= full;
+    }
+    n >= (full / 4).max(1) || quiet
+}
+
 /// Sleeps until `at` (for ever if `None`: a disabled branch of a `select!`).
 async fn sleep_until(at: Option<Instant>) {
     match at {
@@ -490,4 +518,59 @@ fn due(last: &mut Option<tokio::time::Instant>, every: Duration) -> bool {
         return true;
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claim_beside_one_in_flight_is_for_a_full_batch() {
+        // None in flight: a quarter of the batch, or anything once the pool is quiet.
+        assert!(claim_now(50, 200, 0, false));
+        assert!(!claim_now(49, 200, 0, false));
+        assert!(claim_now(1, 200, 0, true));
+        assert!(!claim_now(0, 200, 0, true));
+        // Beside a claim in flight: only a full one, quiet or not.
+        assert!(!claim_now(199, 200, 1, true));
+        assert!(claim_now(200, 200, 1, false));
+        assert!(
+            claim_now(8, 8, 3, false),
+            "full is the slots when fewer than the batch"
+        );
+        assert!(claim_now(1, 1, 0, false), "a batch of one");
+    }
+
+    /// A job's task holds the executor's future behind a pointer: tokio copies a task's
+    /// future whole into its cell at the spawn and its stage at the end (the executor's is a
+    /// few KB).
+    #[tokio::test]
+    async fn a_job_task_is_small_to_spawn() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("q.db").display());
+        let store = redrive_store::Store::connect(&url).await.unwrap();
+        let now = chrono::Utc::now();
+        let new = redrive_store::NewJob::new("q", "noop", serde_json::json!({}));
+        store.enqueue(&new, now).await.unwrap();
+        let worker = Worker::builder(store.clone(), vec!["q".into()])
+            .handler("noop", Arc::new(crate::Noop))
+            .gauge_interval(None)
+            .build()
+            .unwrap();
+        let pool = Pool::new(&worker, CancellationToken::new(), true);
+        let params = ClaimParams {
+            queues: vec!["q".into()],
+            kinds: Kinds::only(["noop"]),
+            worker: "w".into(),
+            limit: 1,
+            lease: Duration::from_secs(30),
+            now,
+        };
+        let job = store.claim(&params).await.unwrap().remove(0);
+        let task = job_task(pool.run.clone(), job, None);
+        let size = std::mem::size_of_val(&task);
+        assert!(size < 1024, "a job's task is {size} bytes");
+        let (_, end) = task.await;
+        assert_eq!(end.unwrap().unwrap().succeeded, 1);
+    }
 }
