@@ -49,6 +49,15 @@ struct Run {
     /// store drain / ceiling.
     #[serde(skip_serializing_if = "Option::is_none")]
     store_vs_ceiling: Option<f64>,
+    /// The bench process's CPU time (user and system) per job during each drain, µs: what
+    /// the client costs beside the database (on one machine they share the cores). Absent
+    /// where `/proc` is missing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    drain_cpu_us_per_job: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    runtime_cpu_us_per_job: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ceiling_cpu_us_per_job: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -391,9 +400,11 @@ async fn level(
         )
         .await?;
         let pb = bar(0, format!("ceiling drain (c={c})"));
-        let ceil = bench_scale::ceiling(store, QUEUE, jobs, c).await;
+        let (ceil, cpu) =
+            bench_scale::cpu_per_job(jobs, bench_scale::ceiling(store, QUEUE, jobs, c)).await;
         pb.finish_and_clear();
         let ceil = ceil?;
+        r.ceiling_cpu_us_per_job = cpu;
         r.ceiling_drain_jobs_per_s = Some(ceil);
         r.store_vs_ceiling = Some(r.drain_jobs_per_s / ceil);
     }
@@ -407,9 +418,14 @@ async fn level(
     )
     .await?;
     let pb = bar(0, format!("runtime drain (c={c})"));
-    let rt = crate::cmd::bench_runtime::drain(store, QUEUE, jobs, c * CLAIM_BATCH).await;
+    let (rt, cpu) = bench_scale::cpu_per_job(
+        jobs,
+        crate::cmd::bench_runtime::drain(store, QUEUE, jobs, c * CLAIM_BATCH),
+    )
+    .await;
     pb.finish_and_clear();
     let rt = rt?;
+    r.runtime_cpu_us_per_job = cpu;
     r.runtime_drain_jobs_per_s = rt;
     r.runtime_vs_store = rt / r.drain_jobs_per_s;
     Ok(r)
@@ -457,6 +473,7 @@ async fn one_run(
     let pb = bar(jobs, format!("drain (c={concurrency})"));
     let left = Arc::new(AtomicU64::new(jobs));
     let t = Instant::now();
+    let cpu0 = bench_scale::own_cpu_seconds();
     let mut tasks = Vec::new();
     for w in 0..concurrency {
         let store = store.clone();
@@ -469,6 +486,7 @@ async fn one_run(
         done += t.await??;
     }
     let drain_s = t.elapsed().as_secs_f64();
+    let cpu = bench_scale::cpu_since(cpu0, jobs);
     pb.finish_and_clear();
     if done != jobs {
         anyhow::bail!("drained {done} jobs, expected {jobs}");
@@ -484,6 +502,9 @@ async fn one_run(
         runtime_vs_store: 0.0,
         ceiling_drain_jobs_per_s: None,
         store_vs_ceiling: None,
+        drain_cpu_us_per_job: cpu,
+        runtime_cpu_us_per_job: None,
+        ceiling_cpu_us_per_job: None,
     })
 }
 

@@ -401,9 +401,47 @@ pub(crate) fn own_peak_rss_mib() -> f64 {
     vm_hwm_kib("/proc/self/status").map_or(0.0, |k| k as f64 / 1024.0)
 }
 
+/// This process's CPU time so far (user and system, all its threads), seconds; `None` where
+/// `/proc` is missing. In clock ticks of 10 ms (Linux reports `/proc` times in USER_HZ, 100).
+pub(crate) fn own_cpu_seconds() -> Option<f64> {
+    parse_cpu_ticks(&std::fs::read_to_string("/proc/self/stat").ok()?).map(|t| t as f64 / 100.0)
+}
+
+/// utime + stime of a `/proc/PID/stat` line (fields 14 and 15; the command name, field 2,
+/// may hold spaces and parentheses, so counting starts after its last `)`).
+fn parse_cpu_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// Microseconds of this process's CPU per job while `f` drains `jobs` jobs, beside `f`'s
+/// own answer (`None` where `/proc` is missing).
+pub(crate) async fn cpu_per_job<T>(jobs: u64, f: impl Future<Output = T>) -> (T, Option<f64>) {
+    let before = own_cpu_seconds();
+    let out = f.await;
+    (out, cpu_since(before, jobs))
+}
+
+/// Microseconds of this process's CPU per job since `before` (an [`own_cpu_seconds`]).
+pub(crate) fn cpu_since(before: Option<f64>, jobs: u64) -> Option<f64> {
+    match (before, own_cpu_seconds()) {
+        (Some(a), Some(b)) if jobs > 0 => Some((b - a) * 1e6 / jobs as f64),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_ticks_are_read_after_the_command_name() {
+        let line = "4242 (a (b) c) S 1 2 3 4 5 6 7 8 9 10 250 31 0 0 20 0 4 0 1 2 3";
+        assert_eq!(parse_cpu_ticks(line), Some(281));
+        assert_eq!(parse_cpu_ticks("4242 (x) S 1 2"), None);
+        assert!(own_cpu_seconds().is_some_and(|s| s >= 0.0));
+    }
 
     #[test]
     fn reserve_splits_exactly() {
