@@ -163,6 +163,9 @@ impl std::fmt::Display for WriteError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use redrive_policy::{FailureClass, JobCounters};
+    use redrive_store::{ClaimParams, Kinds, Lease, NewAttempt, NewJob, Store, Transition};
+    use std::time::Duration;
 
     #[test]
     fn a_batch_starts_beside_one_in_flight_only_when_a_claims_worth_waits() {
@@ -174,9 +177,6 @@ mod tests {
         assert!(!start_batch(10 * PARALLEL_MIN, 4, 4), "every lane busy");
         assert_eq!(PARALLEL_MIN, 200);
     }
-    use redrive_policy::{FailureClass, JobCounters};
-    use redrive_store::{ClaimParams, Kinds, Lease, NewAttempt, NewJob, Store, Transition};
-    use std::time::Duration;
 
     fn success(lease: Lease, attempts: u32, now: redrive_store::Timestamp) -> Completion {
         Completion {

@@ -1,6 +1,7 @@
 //! The executor: one claim through the decision table, in phases (start, admit, card rules,
 //! call, classify, decide, record, wait), each ending the claim or handing on to the next.
 
+use std::borrow::Cow;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -61,7 +62,9 @@ struct Claim<'a> {
     job: &'a Job,
     /// Cancelled when the lease is lost.
     lost: &'a CancellationToken,
-    policy: RetryPolicy,
+    /// The job's policy, borrowed from the worker's configuration (a clone per claim, with
+    /// its status table, was a visible share of a busy worker's CPU).
+    policy: Cow<'a, RetryPolicy>,
     rng: SmallRng,
     lease: Lease,
     counters: JobCounters,
@@ -88,7 +91,8 @@ struct Admitted {
 /// One call and its answer.
 struct Called {
     attempted: Attempted,
-    ctx: JobContext,
+    /// The attempt's number (1 for the first).
+    attempt: u32,
     span: tracing::Span,
     started: Timestamp,
     took: Duration,
@@ -108,19 +112,19 @@ struct Decided {
 
 impl Run {
     /// The policy of a job: its kind's, else its queue's, else the one it names.
-    fn policy(&self, job: &Job) -> RetryPolicy {
+    fn policy(&self, job: &Job) -> Cow<'_, RetryPolicy> {
         let config = &self.shared.config;
         if let Some(p) = config.kind_policies.get(&job.kind) {
-            return p.clone();
+            return Cow::Borrowed(p);
         }
         if let Some(p) = config.queue_policies.get(&job.queue) {
-            return p.clone();
+            return Cow::Borrowed(p);
         }
         match config.policies.get(&job.policy) {
-            Ok(p) => p.clone(),
+            Ok(p) => Cow::Borrowed(p),
             Err(_) => {
                 tracing::warn!(job = job.id, policy = %job.policy, "unknown policy; using payment");
-                RetryPolicy::payment()
+                Cow::Owned(RetryPolicy::payment())
             }
         }
     }
@@ -198,7 +202,7 @@ impl Run {
     /// Start: the claim's state, the card networks' rules before a call that follows a
     /// decline, and the queue latency.
     async fn start<'a>(
-        &self,
+        &'a self,
         job: &'a Job,
         lost: &'a CancellationToken,
     ) -> Result<Claim<'a>, Result<Summary, RuntimeError>> {
@@ -388,6 +392,7 @@ impl Run {
         let started = clock.now();
         let t0 = tokio::time::Instant::now();
         let (ctx, span) = attempt_context(claim);
+        let attempt = ctx.attempt;
         let calling = job.dependency.as_deref().map(metrics::Inflight::start);
         let mut attempted = match &claim.handler {
             None => Attempted::failure(
@@ -395,8 +400,7 @@ impl Run {
                 format!("no handler for job kind {:?}", job.kind),
             ),
             Some(h) => {
-                let call =
-                    AssertUnwindSafe(h.run(ctx.clone()).instrument(span.clone())).catch_unwind();
+                let call = AssertUnwindSafe(h.run(ctx).instrument(span.clone())).catch_unwind();
                 tokio::select! {
                     biased;
                     _ = claim.lost.cancelled() => {
@@ -422,7 +426,7 @@ impl Run {
         // An ambiguous timeout with no safe repeat: ask the dependency first.
         if let (Outcome::Timeout { idempotent: false }, Some(h)) =
             (&attempted.outcome, &claim.handler)
-            && let Some(q) = h.query_status(ctx.clone())
+            && let Some(q) = h.query_status(job_context(claim))
         {
             settle_by_status(&mut attempted, q.await);
         }
@@ -431,7 +435,7 @@ impl Run {
         drop(inflight);
         Phase::Next(Called {
             attempted,
-            ctx,
+            attempt,
             span,
             started,
             took,
@@ -543,7 +547,7 @@ impl Run {
         called.span.record("why", why.as_str());
         tracing::info!(parent: &called.span, job = job.id, queue = %job.queue, kind = %job.kind,
             key = job.key.as_deref().unwrap_or(""),
-            dependency = job.dependency.as_deref().unwrap_or(""), attempt = called.ctx.attempt,
+            dependency = job.dependency.as_deref().unwrap_or(""), attempt = called.attempt,
             class = class.as_str(), duration_ms = called.took.as_millis() as u64,
             http_status = attempted.http_status, decision, why = %why,
             error = attempted.error.as_deref().unwrap_or(""), "attempt");
@@ -741,7 +745,21 @@ fn plan(action: Action, result: &serde_json::Value) -> (Transition, Step) {
 /// the job's `traceparent` (with the `otel` feature), so the handler's outbound call joins it.
 fn attempt_context(claim: &Claim<'_>) -> (JobContext, tracing::Span) {
     let job = claim.job;
-    let ctx = JobContext {
+    let ctx = job_context(claim);
+    let span = tracing::info_span!("attempt", job = job.id, queue = %job.queue,
+        kind = %job.kind, key = job.key.as_deref().unwrap_or(""),
+        dependency = job.dependency.as_deref().unwrap_or(""), attempt = ctx.attempt,
+        class = tracing::field::Empty, decision = tracing::field::Empty,
+        why = tracing::field::Empty);
+    crate::trace::set_parent(&span, job.traceparent.as_deref());
+    (ctx, span)
+}
+
+/// The handler's context for the claim's next attempt (built again for a status query rather
+/// than cloned for every call that will not need one).
+fn job_context(claim: &Claim<'_>) -> JobContext {
+    let job = claim.job;
+    JobContext {
         job_id: job.id,
         queue: job.queue.clone(),
         kind: job.kind.clone(),
@@ -753,14 +771,7 @@ fn attempt_context(claim: &Claim<'_>) -> (JobContext, tracing::Span) {
         cancel: claim.cancel.clone(),
         declines: claim.declines_seen,
         traceparent: job.traceparent.clone(),
-    };
-    let span = tracing::info_span!("attempt", job = job.id, queue = %job.queue,
-        kind = %job.kind, key = job.key.as_deref().unwrap_or(""),
-        dependency = job.dependency.as_deref().unwrap_or(""), attempt = ctx.attempt,
-        class = tracing::field::Empty, decision = tracing::field::Empty,
-        why = tracing::field::Empty);
-    crate::trace::set_parent(&span, job.traceparent.as_deref());
-    (ctx, span)
+    }
 }
 
 /// An ambiguous timeout settled by the dependency's answer to a status query: it succeeded
