@@ -473,20 +473,21 @@ async fn one_run(
     let pb = bar(jobs, format!("drain (c={concurrency})"));
     let left = Arc::new(AtomicU64::new(jobs));
     let t = Instant::now();
-    let cpu0 = bench_scale::own_cpu_seconds();
-    let mut tasks = Vec::new();
-    for w in 0..concurrency {
-        let store = store.clone();
-        let pb = pb.clone();
-        let left = left.clone();
-        tasks.push(tokio::spawn(async move { drain(store, w, left, pb).await }));
-    }
-    let mut done = 0;
-    for t in tasks {
-        done += t.await??;
-    }
+    let (done, cpu) = bench_scale::cpu_per_job(jobs, async {
+        let mut tasks = Vec::new();
+        for w in 0..concurrency {
+            let (store, pb, left) = (store.clone(), pb.clone(), left.clone());
+            tasks.push(tokio::spawn(async move { drain(store, w, left, pb).await }));
+        }
+        let mut done = 0;
+        for t in tasks {
+            done += t.await??;
+        }
+        anyhow::Ok(done)
+    })
+    .await;
     let drain_s = t.elapsed().as_secs_f64();
-    let cpu = bench_scale::cpu_since(cpu0, jobs);
+    let done = done?;
     pb.finish_and_clear();
     if done != jobs {
         anyhow::bail!("drained {done} jobs, expected {jobs}");

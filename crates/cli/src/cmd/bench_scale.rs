@@ -415,20 +415,17 @@ fn parse_cpu_ticks(stat: &str) -> Option<u64> {
     Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
 }
 
-/// Microseconds of this process's CPU per job while `f` drains `jobs` jobs, beside `f`'s
-/// own answer (`None` where `/proc` is missing).
+/// Microseconds of this process's CPU per job while `f` drains `jobs` jobs (its tasks
+/// spawned inside it, so that their work counts from the start), beside `f`'s own answer
+/// (`None` where `/proc` is missing).
 pub(crate) async fn cpu_per_job<T>(jobs: u64, f: impl Future<Output = T>) -> (T, Option<f64>) {
     let before = own_cpu_seconds();
     let out = f.await;
-    (out, cpu_since(before, jobs))
-}
-
-/// Microseconds of this process's CPU per job since `before` (an [`own_cpu_seconds`]).
-pub(crate) fn cpu_since(before: Option<f64>, jobs: u64) -> Option<f64> {
-    match (before, own_cpu_seconds()) {
+    let per_job = match (before, own_cpu_seconds()) {
         (Some(a), Some(b)) if jobs > 0 => Some((b - a) * 1e6 / jobs as f64),
         _ => None,
-    }
+    };
+    (out, per_job)
 }
 
 #[cfg(test)]
