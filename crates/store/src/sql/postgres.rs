@@ -38,7 +38,8 @@ pub(super) fn claim(claimable: &str) -> String {
            ORDER BY j.priority, j.run_at, j.id LIMIT $3 FOR UPDATE OF j SKIP LOCKED) \
          UPDATE redrive_jobs t SET state = 'running', lease_owner = $4, \
          lease_token = t.lease_token + 1, lease_expires_at = $5, updated_at = $1 \
-         WHERE t.id = {PICKED_IDS} RETURNING t.*"
+         WHERE t.id = {PICKED_IDS} RETURNING {}",
+        crate::rows::JOB_COLS
     )
 }
 
@@ -50,6 +51,7 @@ pub(super) fn claim_union(arms: &str) -> String {
            ORDER BY c.priority, c.run_at, c.id LIMIT $3) \
          UPDATE redrive_jobs t SET state = 'running', lease_owner = $4, \
          lease_token = t.lease_token + 1, lease_expires_at = $5, updated_at = $1 \
-         WHERE t.id = {PICKED_IDS} RETURNING t.*"
+         WHERE t.id = {PICKED_IDS} RETURNING {}",
+        crate::rows::JOB_COLS
     )
 }
