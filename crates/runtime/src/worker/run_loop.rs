@@ -99,6 +99,8 @@ struct Pool {
     dry: bool,
     /// A claim failed: no new claim before this.
     retry_at: Option<Instant>,
+    /// Passes of the claim loop so far.
+    passes: u64,
 }
 
 impl Worker {
@@ -110,36 +112,42 @@ impl Worker {
     ) -> Result<Summary, RuntimeError> {
         let _running = self.shared.health.running();
         let mut pool = Pool::new(self, stop, until_idle);
-        // Housekeeping beside the claim loop, ended with the run.
-        let housekeeping = CancellationToken::new();
-        let _end_housekeeping = housekeeping.clone().drop_guard();
-        pool.spawn_housekeeping(&housekeeping);
-        loop {
-            while let Some(r) = pool.tasks.try_join_next() {
-                absorb(r, &mut pool.total, &pool.shared.health);
-            }
-            if pool.stop.is_cancelled() {
-                break;
-            }
-            // What `max_jobs` leaves, the claims in flight counted as if they were full.
-            let left = (pool.shared.config.max_jobs)
-                .map(|m| m.saturating_sub(pool.claimed + pool.asking()));
-            if left == Some(0) && pool.flying.is_empty() {
-                break;
-            }
-            pool.housekeep().await;
-            if pool.flying.is_empty() {
-                pass!(pool.wait_for_a_queue().await);
-            }
-            pass!(pool.step(left).await);
-        }
-        pool.settle().await;
-        pool.drain().await;
-        Ok(pool.total)
+        Ok(pool.drive().await)
     }
 }
 
 impl Pool {
+    /// The claim loop, then the claims in flight settled and the jobs drained.
+    async fn drive(&mut self) -> Summary {
+        // Housekeeping beside the claim loop, ended with the run.
+        let housekeeping = CancellationToken::new();
+        let _end_housekeeping = housekeeping.clone().drop_guard();
+        self.spawn_housekeeping(&housekeeping);
+        loop {
+            self.passes += 1;
+            while let Some(r) = self.tasks.try_join_next() {
+                absorb(r, &mut self.total, &self.shared.health);
+            }
+            if self.stop.is_cancelled() {
+                break;
+            }
+            // What `max_jobs` leaves, the claims in flight counted as if they were full.
+            let left = (self.shared.config.max_jobs)
+                .map(|m| m.saturating_sub(self.claimed + self.asking()));
+            if left == Some(0) && self.flying.is_empty() {
+                break;
+            }
+            self.housekeep().await;
+            if self.flying.is_empty() {
+                pass!(self.wait_for_a_queue().await);
+            }
+            pass!(self.step(left).await);
+        }
+        self.settle().await;
+        self.drain().await;
+        self.total
+    }
+
     /// The state at the start of a run.
     fn new(worker: &Worker, stop: CancellationToken, until_idle: bool) -> Self {
         let shared = worker.shared.clone();
@@ -178,6 +186,7 @@ impl Pool {
             linger_until: None,
             dry: false,
             retry_at: None,
+            passes: 0,
             shared,
         }
     }
@@ -276,6 +285,7 @@ impl Pool {
             return self.idle().await;
         }
         let want = (self.batch as u64).min(left.unwrap_or(u64::MAX)) as usize;
+        let mut missing = 1;
         let open = self.flying.len() < self.lanes
             && !self.dry
             && self.retry_at.is_none()
@@ -293,6 +303,7 @@ impl Pool {
             let lingered = self.linger_until.is_some_and(|t| Instant::now() >= t);
             let full = want.min(config.concurrency);
             let n = self.gathered.len();
+            let threshold = claim_threshold(full, self.flying.len(), quiet || lingered);
             if claim_now(n, full, self.flying.len(), quiet || lingered) {
                 self.launch();
                 return Pass::Go(());
@@ -300,6 +311,10 @@ impl Pool {
             if n > 0 && self.flying.is_empty() && self.linger_until.is_none() {
                 self.linger_until = Some(Instant::now() + config.claim_linger);
             }
+            // Wait for the slots still missing all at once: the semaphore wakes the loop
+            // when they are all free, not once per job that ends (a pass of the loop per
+            // job was a twentieth of a busy worker's CPU).
+            missing = threshold.saturating_sub(n).clamp(1, want - n);
         }
         let linger = self.linger_until.filter(|_| open && self.flying.is_empty());
         let retry = self.retry_at;
@@ -315,10 +330,22 @@ impl Pool {
                 self.retry_at = None;
                 Pass::Go(())
             }
-            p = slots.acquire_owned(), if open && self.gathered.len() < want => match p {
-                Ok(p) => { self.gathered.push(p); Pass::Go(()) }
-                Err(_) => Pass::Stop,
-            },
+            p = slots.acquire_many_owned(missing as u32), if open && self.gathered.len() < want => {
+                match p {
+                    Ok(mut p) => {
+                        // One permit per slot, as a claim hands them to its jobs.
+                        while p.num_permits() > 1 {
+                            match p.split(1) {
+                                Some(one) => self.gathered.push(one),
+                                None => break,
+                            }
+                        }
+                        self.gathered.push(p);
+                        Pass::Go(())
+                    }
+                    Err(_) => Pass::Stop,
+                }
+            }
             _ = sleep_until(linger), if linger.is_some() => Pass::Go(()),
         }
     }
@@ -493,13 +520,19 @@ fn job_task(
 /// claims of a quarter, a busy PostgreSQL worker claimed ~130 jobs per statement against
 /// the store-level loop's 200, and the server spent 25–40% more CPU per job.
 fn claim_now(n: usize, full: usize, flying: usize, quiet: bool) -> bool {
-    if n == 0 {
-        return false;
-    }
+    n > 0 && n >= claim_threshold(full, flying, quiet)
+}
+
+/// The slots a claim waits for (see [`claim_now`]): `full` beside a claim in flight, else a
+/// quarter of it, or one once the pool is `quiet`.
+fn claim_threshold(full: usize, flying: usize, quiet: bool) -> usize {
     if flying > 0 {
-        return n >= full;
+        full
+    } else if quiet {
+        1
+    } else {
+        (full / 4).max(1)
     }
-    n >= (full / 4).max(1) || quiet
 }
 
 /// Sleeps until `at` (for ever if `None`: a disabled branch of a `select!`).
@@ -572,5 +605,39 @@ mod tests {
         assert!(size < 1024, "a job's task is {size} bytes");
         let (_, end) = task.await;
         assert_eq!(end.unwrap().unwrap().succeeded, 1);
+    }
+
+    /// The loop waits for a claim's worth of free slots at once: jobs ending one by one do
+    /// not wake it each (a pass of the loop per job was a twentieth of a busy worker's CPU).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn jobs_ending_one_by_one_do_not_wake_the_loop_each() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("q.db").display());
+        let store = redrive_store::Store::connect(&url).await.unwrap();
+        let now = chrono::Utc::now();
+        let jobs = 4000;
+        let new: Vec<_> = (0..jobs)
+            .map(|_| redrive_store::NewJob::new("q", "noop", serde_json::json!({})))
+            .collect();
+        for chunk in new.chunks(1000) {
+            store.enqueue_many(chunk, now).await.unwrap();
+        }
+        let worker = Worker::builder(store.clone(), vec!["q".into()])
+            .handler("noop", Arc::new(crate::Noop))
+            .concurrency(400)
+            .gauge_interval(None)
+            .build()
+            .unwrap();
+        let mut pool = Pool::new(&worker, CancellationToken::new(), true);
+        let total = pool.drive().await;
+        assert_eq!(total.succeeded, jobs);
+        // About three passes per claim (sent, landed, its slots free) and a few for the idle
+        // end: 74 passes for 26 claims here; woken by each job's slot, 303 for 34.
+        assert!(
+            pool.passes <= 4 * total.claims + 20,
+            "{} passes of the loop for {jobs} jobs in {} claims",
+            pool.passes,
+            total.claims
+        );
     }
 }
