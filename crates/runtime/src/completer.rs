@@ -19,7 +19,9 @@ use crate::db::Db;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
-type Reply = oneshot::Sender<Result<(), Arc<StoreError>>>;
+/// A completion's answer: committed, or the store's error with the completion handed back
+/// (for its task to retry without keeping a copy of every completion it sends).
+type Reply = oneshot::Sender<Result<(), (Arc<StoreError>, Completion)>>;
 
 /// Completions waiting before a batch starts beside one already in flight: fewer wait for
 /// the batch in flight to commit. A full claim's worth (the runtime's default claim batch):
@@ -88,14 +90,24 @@ impl Completer {
     }
 
     /// Writes one completion (with others waiting at the same time) and waits for its commit.
+    #[cfg(test)]
     pub(crate) async fn complete(&self, c: Completion) -> Result<(), WriteError> {
+        self.complete_or_return(c).await.map_err(|(e, _)| e)
+    }
+
+    /// [`Completer::complete`], handing the completion back when it was not written (none
+    /// if the batching task is gone mid-write).
+    pub(crate) async fn complete_or_return(
+        &self,
+        c: Completion,
+    ) -> Result<(), (WriteError, Option<Completion>)> {
         let (tx, rx) = oneshot::channel();
-        if self.tx.send((c, tx)).is_err() {
-            return Err(WriteError::Stopped);
+        if let Err(mpsc::error::SendError((c, _))) = self.tx.send((c, tx)) {
+            return Err((WriteError::Stopped, Some(c)));
         }
         match rx.await {
-            Ok(r) => r.map_err(WriteError::Store),
-            Err(_) => Err(WriteError::Stopped),
+            Ok(r) => r.map_err(|(e, c)| (WriteError::Store(e), Some(c))),
+            Err(_) => Err((WriteError::Stopped, None)),
         }
     }
 }
@@ -104,13 +116,14 @@ impl Completer {
 async fn flush(db: Db, batch: Vec<(Completion, Reply)>) {
     let (cs, replies): (Vec<Completion>, Vec<Reply>) = batch.into_iter().unzip();
     let (jobs, t0) = (cs.len(), std::time::Instant::now());
-    let out = db
+    let (cs, out) = db
         .run(move |s| async move {
-            if cs.len() == 1 {
+            let out = if cs.len() == 1 {
                 Ok(vec![s.complete(&cs[0]).await])
             } else {
                 s.complete_many(&cs).await
-            }
+            };
+            (cs, out)
         })
         .await;
     // The commit's size and time (its wait for a connection included), for a look at how
@@ -123,14 +136,14 @@ async fn flush(db: Db, batch: Vec<(Completion, Reply)>) {
     );
     match out {
         Ok(results) => {
-            for (r, reply) in results.into_iter().zip(replies) {
-                let _ = reply.send(r.map_err(Arc::new));
+            for ((r, reply), c) in results.into_iter().zip(replies).zip(cs) {
+                let _ = reply.send(r.map_err(|e| (Arc::new(e), c)));
             }
         }
         Err(e) => {
             let e = Arc::new(e);
-            for reply in replies {
-                let _ = reply.send(Err(e.clone()));
+            for (reply, c) in replies.into_iter().zip(cs) {
+                let _ = reply.send(Err((e.clone(), c)));
             }
         }
     }

@@ -132,20 +132,23 @@ impl Run {
     /// Writes a fenced completion, retrying a failing store while the lease holds (the
     /// heartbeat gives up on it shortly before it runs out) and the run is not interrupted:
     /// an outcome recorded late beats one lost, whose job would run again.
-    async fn write(&self, c: Completion, lost: &CancellationToken) -> Result<(), WriteError> {
+    async fn write(&self, mut c: Completion, lost: &CancellationToken) -> Result<(), WriteError> {
         let mut wait = Duration::from_millis(50);
+        let job = c.lease.job_id;
         loop {
-            match self.completer.complete(c.clone()).await {
+            // The completion comes back when it was not written (no copy kept per write).
+            match self.completer.complete_or_return(c).await {
                 Ok(()) => return Ok(()),
-                Err(e) if e.is_lease_lost() || matches!(e, WriteError::Stopped) => return Err(e),
-                Err(e) => {
+                Err((e, _)) if e.is_lease_lost() || matches!(e, WriteError::Stopped) => {
+                    return Err(e);
+                }
+                Err((e, None)) => return Err(e),
+                Err((e, Some(back))) => {
                     if lost.is_cancelled() || self.hard.is_cancelled() {
                         return Err(e);
                     }
-                    tracing::warn!(
-                        job = c.lease.job_id,
-                        "recording the attempt failed, retrying: {e}"
-                    );
+                    c = back;
+                    tracing::warn!(job, "recording the attempt failed, retrying: {e}");
                     tokio::select! {
                         _ = lost.cancelled() => {}
                         _ = self.hard.cancelled() => {}
