@@ -20,6 +20,12 @@ mod telemetry;
 use args::{Cli, Command};
 use error::UsageError;
 
+/// mimalloc instead of the system allocator: a worker with thousands of jobs in flight
+/// allocates and frees a few dozen small objects per job from two threads, and glibc's
+/// allocator spent a fifth of its CPU on that (`docs/benchmarks.md`, issue 21).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
