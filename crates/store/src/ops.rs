@@ -76,6 +76,12 @@ where
     /// statement only.
     async fn claim_permit(&self) -> Option<tokio::sync::SemaphorePermit<'_>>;
 
+    /// Runs a claim statement (from [`Sql`]) and returns the rows it claimed.
+    async fn fetch_claimed(&self, st: &ClaimStatement) -> crate::Result<Vec<JobRow>> {
+        let q = st.bind(sqlx::query_as(sqlx::AssertSqlSafe(st.sql.clone())));
+        Ok(q.fetch_all(self.pool()).await?)
+    }
+
     /// Inserts a chunk of validated jobs (`rows` their computed columns) in one statement;
     /// returns the rows it created (those the unique index refused are missing).
     async fn insert_chunk(
@@ -221,8 +227,7 @@ where
             return Ok(Vec::new());
         };
         let permit = self.claim_permit().await;
-        let q = st.bind(sqlx::query_as(sqlx::AssertSqlSafe(st.sql.clone())));
-        let rows: Vec<crate::rows::JobRow> = q.fetch_all(self.pool()).await?;
+        let rows = self.fetch_claimed(&st).await?;
         drop(permit);
         let mut jobs = rows
             .into_iter()

@@ -19,8 +19,9 @@ pub(crate) const JOB_COLS: &str = "id, queue, kind, payload, idempotency_key, de
 
 /// A job's row, decoded by position: the statements that return it select [`JOB_COLS`] in
 /// this order. (By name, each of its 32 columns was a hash lookup: a twentieth of a busy
-/// worker's CPU.) Debug builds check the columns' names against [`JOB_COLS`].
-#[derive(Debug)]
+/// worker's CPU.) Debug builds check the columns' names against [`JOB_COLS`]. SQLite's claim
+/// returns it as one JSON array of the same columns ([`JobRow::from_json`]).
+#[derive(Debug, serde::Deserialize)]
 pub(crate) struct JobRow {
     id: i64,
     queue: String,
@@ -188,6 +189,14 @@ fn ms_of(what: &'static str, v: i64) -> Result<Duration> {
 }
 
 impl JobRow {
+    /// A row given as one JSON array of [`JOB_COLS`], in order (SQLite's claim).
+    pub(crate) fn from_json(row: &str) -> Result<JobRow> {
+        serde_json::from_str(row).map_err(|e| StoreError::Corrupt {
+            what: "claimed job row",
+            detail: e.to_string(),
+        })
+    }
+
     pub(crate) fn into_job(self) -> Result<Job> {
         let json = |what: &'static str, s: &str| {
             serde_json::from_str(s).map_err(|e| StoreError::Corrupt {
@@ -417,6 +426,52 @@ pub(crate) fn state_of(s: &str) -> Result<JobState> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// SQLite's claim hands each row back as a JSON array of JOB_COLS: NULLs, numbers and
+    /// text with quotes and newlines come back as they were; anything else is a corrupt row.
+    #[test]
+    fn a_job_row_decodes_from_a_json_array_of_job_cols() {
+        let mut cols: Vec<serde_json::Value> = vec![serde_json::Value::Null; 32];
+        let at = |name: &str| JOB_COL_NAMES.iter().position(|c| *c == name).unwrap();
+        for (name, v) in [
+            ("id", serde_json::json!(7)),
+            ("queue", serde_json::json!("q")),
+            ("kind", serde_json::json!("charge")),
+            ("payload", serde_json::json!("{\"a\":\"\\\"x\\n\"}")),
+            ("priority", serde_json::json!(-3)),
+            ("state", serde_json::json!("running")),
+            ("max_attempts", serde_json::json!(5)),
+            ("policy", serde_json::json!("payment")),
+            ("run_at", serde_json::json!(1_700_000_000_000_i64)),
+            ("lease_token", serde_json::json!(9_007_199_254_740_993_i64)),
+            ("created_at", serde_json::json!(1)),
+            ("updated_at", serde_json::json!(2)),
+        ] {
+            cols[at(name)] = v;
+        }
+        for name in [
+            "attempts",
+            "exceptions",
+            "defers",
+            "consecutive_auth",
+            "replays",
+        ] {
+            cols[at(name)] = serde_json::json!(0);
+        }
+        let text = serde_json::Value::Array(cols).to_string();
+        let job = JobRow::from_json(&text).unwrap().into_job().unwrap();
+        assert_eq!(
+            (job.id, job.priority, job.lease_token),
+            (7, -3, 9_007_199_254_740_993)
+        );
+        assert_eq!(job.payload, serde_json::json!({"a": "\"x\n"}));
+        assert_eq!(
+            (job.key, job.last_error, job.finished_at),
+            (None, None, None)
+        );
+        let e = JobRow::from_json("[7, \"q\"]").unwrap_err();
+        assert!(e.to_string().contains("claimed job row"), "{e}");
+    }
 
     #[test]
     fn the_job_columns_names_are_job_cols_in_order() {

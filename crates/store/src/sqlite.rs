@@ -290,6 +290,20 @@ impl Backend for SqliteStore {
         None
     }
 
+    /// The claim returns each row as one JSON array (see `sql::sqlite::claim`).
+    async fn fetch_claimed(
+        &self,
+        st: &crate::ops::ClaimStatement,
+    ) -> Result<Vec<crate::rows::JobRow>> {
+        let q = st.bind(sqlx::query_as::<_, (String,)>(sqlx::AssertSqlSafe(
+            st.sql.clone(),
+        )));
+        let rows = q.fetch_all(self.pool()).await?;
+        rows.iter()
+            .map(|(r,)| crate::rows::JobRow::from_json(r))
+            .collect()
+    }
+
     fn wake(&self) {
         self.wake.send_modify(|v| *v = v.wrapping_add(1));
     }

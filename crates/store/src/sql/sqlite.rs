@@ -24,13 +24,17 @@ pub(super) fn queue_at(k: usize) -> String {
 pub(super) const ARM_LOCK: &str = "";
 
 /// The claim of the jobs that `claimable` selects (the queue and kinds' filters included).
+///
+/// Each claimed row comes back as one JSON array of [`JOB_COLS`](crate::rows::JOB_COLS):
+/// sqlx copies every value of a SQLite row into a value of its own (an allocation and a
+/// free per column), which for 32 columns was a third of the store-level drain's CPU.
 pub(super) fn claim(claimable: &str) -> String {
     format!(
         "UPDATE redrive_jobs SET state = 'running', lease_owner = $4, \
          lease_token = lease_token + 1, lease_expires_at = $5, updated_at = $1 \
          WHERE id IN (SELECT j.id FROM redrive_jobs j WHERE {claimable} \
            ORDER BY j.priority, j.run_at, j.id LIMIT $3) \
-         RETURNING {}",
+         RETURNING json_array({})",
         crate::rows::JOB_COLS
     )
 }
@@ -42,7 +46,7 @@ pub(super) fn claim_union(arms: &str) -> String {
          lease_token = lease_token + 1, lease_expires_at = $5, updated_at = $1 \
          WHERE id IN (SELECT c.id FROM ({arms}) c \
            ORDER BY c.priority, c.run_at, c.id LIMIT $3) \
-         RETURNING {}",
+         RETURNING json_array({})",
         crate::rows::JOB_COLS
     )
 }
