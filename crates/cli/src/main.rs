@@ -22,7 +22,9 @@ use error::UsageError;
 
 /// mimalloc instead of the system allocator: a worker with thousands of jobs in flight
 /// allocates and frees a few dozen small objects per job from two threads, and glibc's
-/// allocator spent a fifth of its CPU on that (`docs/benchmarks.md`, issue 21).
+/// allocator spent a fifth of its CPU on that (`docs/benchmarks.md`, issue 21). It keeps
+/// more memory resident; build with `--no-default-features` for the system allocator.
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
