@@ -313,8 +313,12 @@ impl Pool {
             }
             // Wait for the slots still missing all at once: the semaphore wakes the loop
             // when they are all free, not once per job that ends (a pass of the loop per
-            // job was a twentieth of a busy worker's CPU).
-            missing = threshold.saturating_sub(n).clamp(1, want - n);
+            // job was a twentieth of a busy worker's CPU). The first free slot still wakes
+            // it when no claim is in flight: it starts the linger, so that a pool of slow
+            // jobs claims into one slot after `claim_linger` instead of waiting for more.
+            if n > 0 || !self.flying.is_empty() {
+                missing = threshold.saturating_sub(n).clamp(1, want - n);
+            }
         }
         let linger = self.linger_until.filter(|_| open && self.flying.is_empty());
         let retry = self.retry_at;
@@ -639,5 +643,79 @@ mod tests {
             pool.passes,
             total.claims
         );
+    }
+
+    /// Waits for `release` when the job's kind is `slow`; counts the `fast` ones it ran.
+    #[derive(Debug)]
+    struct SlowOrFast {
+        release: tokio::sync::watch::Receiver<bool>,
+        fast_done: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl crate::Handler for SlowOrFast {
+        fn run(
+            &self,
+            ctx: crate::JobContext,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = crate::Attempted> + Send>> {
+            let mut release = self.release.clone();
+            let fast_done = self.fast_done.clone();
+            Box::pin(async move {
+                if ctx.kind == "slow" {
+                    let _ = release.wait_for(|r| *r).await;
+                } else {
+                    fast_done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+                crate::Attempted::success(serde_json::Value::Null)
+            })
+        }
+    }
+
+    /// Seven of eight slots held by slow calls: the one slot that frees up takes the next job
+    /// after the linger, without waiting for a second slot (a quarter of the eight).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_free_slot_beside_slow_jobs_takes_the_next_job() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("q.db").display());
+        let store = redrive_store::Store::connect(&url).await.unwrap();
+        let now = chrono::Utc::now();
+        let mut jobs: Vec<_> = (0..7)
+            .map(|_| redrive_store::NewJob::new("q", "slow", serde_json::json!({})).priority(0))
+            .collect();
+        jobs.extend(
+            (0..5).map(|_| {
+                redrive_store::NewJob::new("q", "fast", serde_json::json!({})).priority(1)
+            }),
+        );
+        store.enqueue_many(&jobs, now).await.unwrap();
+        let (release, released) = tokio::sync::watch::channel(false);
+        let fast_done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let handler = Arc::new(SlowOrFast {
+            release: released,
+            fast_done: fast_done.clone(),
+        });
+        let worker = Worker::builder(store.clone(), vec!["q".into()])
+            .handler("slow", handler.clone())
+            .handler("fast", handler)
+            .concurrency(8)
+            .gauge_interval(None)
+            .build()
+            .unwrap();
+        let stop = CancellationToken::new();
+        let run = tokio::spawn({
+            let stop = stop.clone();
+            async move { worker.run(stop).await }
+        });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while fast_done.load(std::sync::atomic::Ordering::SeqCst) < 5
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let fast = fast_done.load(std::sync::atomic::Ordering::SeqCst);
+        release.send(true).unwrap();
+        stop.cancel();
+        let total = run.await.unwrap().unwrap();
+        assert_eq!(fast, 5, "fast jobs run while seven slots stayed busy");
+        assert_eq!(total.succeeded, 12);
     }
 }
