@@ -95,15 +95,15 @@ impl Completer {
         self.complete_or_return(c).await.map_err(|(e, _)| e)
     }
 
-    /// [`Completer::complete`], handing the completion back when it was not written (none
-    /// if the batching task is gone mid-write).
+    /// [`Completer::complete`], handing the completion back when the store did not write it
+    /// (none when the batching task is gone: nothing will write it).
     pub(crate) async fn complete_or_return(
         &self,
         c: Completion,
     ) -> Result<(), (WriteError, Option<Completion>)> {
         let (tx, rx) = oneshot::channel();
-        if let Err(mpsc::error::SendError((c, _))) = self.tx.send((c, tx)) {
-            return Err((WriteError::Stopped, Some(c)));
+        if self.tx.send((c, tx)).is_err() {
+            return Err((WriteError::Stopped, None));
         }
         match rx.await {
             Ok(r) => r.map_err(|(e, c)| (WriteError::Store(e), Some(c))),

@@ -139,14 +139,9 @@ impl Run {
             // The completion comes back when it was not written (no copy kept per write).
             match self.completer.complete_or_return(c).await {
                 Ok(()) => return Ok(()),
-                Err((e, _)) if e.is_lease_lost() || matches!(e, WriteError::Stopped) => {
-                    return Err(e);
-                }
-                Err((e, None)) => return Err(e),
-                Err((e, Some(back))) => {
-                    if lost.is_cancelled() || self.hard.is_cancelled() {
-                        return Err(e);
-                    }
+                Err((e, Some(back)))
+                    if !e.is_lease_lost() && !lost.is_cancelled() && !self.hard.is_cancelled() =>
+                {
                     c = back;
                     tracing::warn!(job, "recording the attempt failed, retrying: {e}");
                     tokio::select! {
@@ -156,6 +151,8 @@ impl Run {
                     }
                     wait = (wait * 2).min(Duration::from_secs(2));
                 }
+                // The lease is lost, the writer stopped, or the run is interrupted.
+                Err((e, _)) => return Err(e),
             }
         }
     }

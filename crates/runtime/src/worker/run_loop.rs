@@ -561,6 +561,13 @@ fn due(last: &mut Option<tokio::time::Instant>, every: Duration) -> bool {
 mod tests {
     use super::*;
 
+    /// A store in a fresh SQLite file (kept while the directory lives).
+    async fn temp_store() -> (tempfile::TempDir, redrive_store::Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("q.db").display());
+        (dir, redrive_store::Store::connect(&url).await.unwrap())
+    }
+
     #[test]
     fn a_claim_beside_one_in_flight_is_for_a_full_batch() {
         // None in flight: a quarter of the batch, or anything once the pool is quiet.
@@ -583,9 +590,7 @@ mod tests {
     /// few KB).
     #[tokio::test]
     async fn a_job_task_is_small_to_spawn() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite:{}", dir.path().join("q.db").display());
-        let store = redrive_store::Store::connect(&url).await.unwrap();
+        let (_dir, store) = temp_store().await;
         let now = chrono::Utc::now();
         let new = redrive_store::NewJob::new("q", "noop", serde_json::json!({}));
         store.enqueue(&new, now).await.unwrap();
@@ -615,9 +620,7 @@ mod tests {
     /// not wake it each (a pass of the loop per job was a twentieth of a busy worker's CPU).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn jobs_ending_one_by_one_do_not_wake_the_loop_each() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite:{}", dir.path().join("q.db").display());
-        let store = redrive_store::Store::connect(&url).await.unwrap();
+        let (_dir, store) = temp_store().await;
         let now = chrono::Utc::now();
         let jobs = 4000;
         let new: Vec<_> = (0..jobs)
@@ -674,9 +677,7 @@ mod tests {
     /// after the linger, without waiting for a second slot (a quarter of the eight).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn one_free_slot_beside_slow_jobs_takes_the_next_job() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite:{}", dir.path().join("q.db").display());
-        let store = redrive_store::Store::connect(&url).await.unwrap();
+        let (_dir, store) = temp_store().await;
         let now = chrono::Utc::now();
         let mut jobs: Vec<_> = (0..7)
             .map(|_| redrive_store::NewJob::new("q", "slow", serde_json::json!({})).priority(0))
