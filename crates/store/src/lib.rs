@@ -131,7 +131,12 @@ pub(crate) fn check_batch(field: &'static str, n: usize) -> Result<()> {
 /// the rollback that follows fails too: reused, the connection would refuse every later
 /// transaction ("begin_with at non-zero transaction depth" on the single SQLite writer, until
 /// a restart). Such a connection is closed, which ends any transaction still open, and the
-/// pool opens a fresh one. The ping first lets a rollback queued by a dropped transaction run.
+/// pool opens a fresh one.
+///
+/// Only a connection counted inside a transaction is pinged first, which lets a rollback
+/// queued by a dropped transaction run (SQLite counts it down on its worker thread); the
+/// count never rises by itself, so a connection at zero goes back at once. sqlx pings every
+/// connection after this check anyway: a second ping was a round trip per statement.
 ///
 /// Every pool of the store uses it; give it to pools of your own on the same database:
 /// `SqlitePoolOptions::new().after_release(|c, _| Box::pin(release_if_clean(c)))`.
@@ -141,6 +146,9 @@ pub(crate) fn check_batch(field: &'static str, n: usize) -> Result<()> {
 pub async fn release_if_clean<C: sqlx::Connection>(
     conn: &mut C,
 ) -> std::result::Result<bool, sqlx::Error> {
+    if !conn.is_in_transaction() {
+        return Ok(true);
+    }
     conn.ping().await?;
     if conn.is_in_transaction() {
         tracing::warn!("a database connection was left inside a failed transaction: closing it");
@@ -574,5 +582,40 @@ mod send_check {
     fn quota_futures_are_send(s: &Store, d: &crate::NewDecline, p: &crate::ReattemptParams<'_>) {
         send(s.record_decline(d));
         send(s.take_reattempt(p));
+    }
+}
+
+#[cfg(test)]
+mod release_tests {
+    use sqlx::Connection;
+
+    /// What `release_if_clean` answers for a connection that is clean, one whose dropped
+    /// transaction queued its rollback, and one still counted inside a transaction (its
+    /// `Transaction` forgotten, so no rollback will ever run).
+    async fn answers<C: Connection>(conn: &mut C) -> [bool; 3] {
+        let clean = super::release_if_clean(conn).await.unwrap();
+        drop(conn.begin().await.unwrap());
+        let rolled_back = super::release_if_clean(conn).await.unwrap();
+        std::mem::forget(conn.begin().await.unwrap());
+        let stuck = super::release_if_clean(conn).await.unwrap();
+        [clean, rolled_back, stuck]
+    }
+
+    #[tokio::test]
+    async fn only_a_connection_left_inside_a_transaction_is_refused_sqlite() {
+        let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:")
+            .await
+            .unwrap();
+        assert_eq!(answers(&mut conn).await, [true, true, false]);
+    }
+
+    #[tokio::test]
+    async fn only_a_connection_left_inside_a_transaction_is_refused_postgres() {
+        let url = redrive_testkit::postgres_url();
+        if !redrive_testkit::postgres_available(&url).await {
+            return;
+        }
+        let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+        assert_eq!(answers(&mut conn).await, [true, true, false]);
     }
 }

@@ -408,10 +408,14 @@ where
 }
 
 /// Hands a connection back to the pool only when it is healthy and outside a transaction
-/// (a future dropped mid-transaction leaves one open); otherwise the pool closes it.
+/// (a future dropped mid-transaction leaves one open); otherwise the pool closes it. Only a
+/// connection counted inside a transaction is pinged first (see `redrive_store::release_if_clean`).
 pub(crate) async fn release_if_clean<C: sqlx::Connection>(
     conn: &mut C,
 ) -> Result<bool, sqlx::Error> {
+    if !conn.is_in_transaction() {
+        return Ok(true);
+    }
     conn.ping().await?;
     if conn.is_in_transaction() {
         tracing::warn!("a database connection was left inside a failed transaction: closing it");
