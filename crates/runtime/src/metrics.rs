@@ -8,12 +8,12 @@
 //! that need the database ([`JOBS`], [`OLDEST_AVAILABLE_SECONDS`]) are set by one background
 //! task ([`spawn_gauges`], or the worker's own loop), never by a scrape.
 
-use std::collections::BTreeSet;
-use std::sync::Mutex;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
-use redrive_policy::Timestamp;
+use redrive_policy::{FailureClass, Timestamp};
 use tokio_util::sync::CancellationToken;
 
 use redrive_policy::BreakerState;
@@ -216,9 +216,112 @@ pub fn start_queues(queues: &[String]) {
     }
 }
 
-pub(crate) fn queue_latency(queue: &str, waited: Duration) {
-    metrics::histogram!(QUEUE_LATENCY_SECONDS, "queue" => queue.to_owned())
-        .record(waited.as_secs_f64());
+/// The metric handles of one queue and kind, taken from the recorder once per run (each at
+/// its first use, so that a series appears when it has a value, as before) and shared by
+/// the run's jobs of that queue and kind: a job's metrics then cost no label strings and no
+/// lookup in the recorder's registry (they were both, on every job). A recorder installed
+/// after a run started is seen by the next run.
+#[derive(Debug)]
+pub(crate) struct JobMetrics {
+    queue: String,
+    kind: String,
+    queue_latency: OnceLock<metrics::Histogram>,
+    duration: OnceLock<metrics::Histogram>,
+    succeeded: OnceLock<metrics::Counter>,
+    /// `redrive_attempts_total` by failure class.
+    attempts: [OnceLock<metrics::Counter>; FailureClass::ALL.len()],
+}
+
+impl JobMetrics {
+    /// The handles of `queue` and `kind`, none taken yet.
+    pub(crate) fn new(queue: &str, kind: &str) -> Self {
+        Self {
+            queue: queue.to_owned(),
+            kind: kind.to_owned(),
+            queue_latency: OnceLock::new(),
+            duration: OnceLock::new(),
+            succeeded: OnceLock::new(),
+            attempts: std::array::from_fn(|_| OnceLock::new()),
+        }
+    }
+
+    /// Whether these are the handles of `queue` and `kind`.
+    pub(crate) fn is_for(&self, queue: &str, kind: &str) -> bool {
+        self.queue == queue && self.kind == kind
+    }
+
+    /// From the job's due time to its start.
+    pub(crate) fn queue_latency(&self, waited: Duration) {
+        (self.queue_latency)
+            .get_or_init(
+                || metrics::histogram!(QUEUE_LATENCY_SECONDS, "queue" => self.queue.clone()),
+            )
+            .record(waited.as_secs_f64());
+    }
+
+    /// An attempt of `class` that took `took`.
+    pub(crate) fn attempt(&self, class: FailureClass, took: Duration) {
+        let (q, k) = (&self.queue, &self.kind);
+        let i = FailureClass::ALL
+            .iter()
+            .position(|c| *c == class)
+            .unwrap_or(0);
+        self.attempts[i]
+            .get_or_init(|| {
+                metrics::counter!(ATTEMPTS_TOTAL, "queue" => q.clone(), "kind" => k.clone(),
+                    "class" => class.as_str())
+            })
+            .increment(1);
+        (self.duration)
+            .get_or_init(|| metrics::histogram!(JOB_DURATION_SECONDS, "queue" => q.clone(), "kind" => k.clone()))
+            .record(took.as_secs_f64());
+    }
+
+    /// A job that ended `state` (`reason`: why it died, else empty).
+    pub(crate) fn finished(&self, state: &str, reason: &str) {
+        let (q, k) = (&self.queue, &self.kind);
+        if state == "succeeded" && reason.is_empty() {
+            (self.succeeded)
+                .get_or_init(|| {
+                    metrics::counter!(JOBS_FINISHED_TOTAL, "queue" => q.clone(), "kind" => k.clone(),
+                        "state" => "succeeded", "reason" => "")
+                })
+                .increment(1);
+        } else {
+            finished(q, k, state, reason);
+        }
+    }
+}
+
+/// The [`JobMetrics`] of the queues and kinds a run has claimed so far (the last one looked
+/// up comes back without a lookup: a claim's jobs are mostly of one queue and kind).
+#[derive(Debug, Default)]
+pub(crate) struct JobMetricsCache {
+    by_queue: HashMap<String, HashMap<String, Arc<JobMetrics>>>,
+    last: Option<Arc<JobMetrics>>,
+}
+
+impl JobMetricsCache {
+    /// The handles of `queue` and `kind`, taken from the recorder the first time.
+    pub(crate) fn get(&mut self, queue: &str, kind: &str) -> Arc<JobMetrics> {
+        if let Some(m) = self.last.as_ref().filter(|m| m.is_for(queue, kind)) {
+            return m.clone();
+        }
+        let kinds = match self.by_queue.get_mut(queue) {
+            Some(k) => k,
+            None => self.by_queue.entry(queue.to_owned()).or_default(),
+        };
+        let m = match kinds.get(kind) {
+            Some(m) => m.clone(),
+            None => {
+                let m = Arc::new(JobMetrics::new(queue, kind));
+                kinds.insert(kind.to_owned(), m.clone());
+                m
+            }
+        };
+        self.last = Some(m.clone());
+        m
+    }
 }
 
 pub(crate) fn rescued(queue: &str) {
@@ -249,14 +352,6 @@ pub(crate) fn pruned(state: &'static str, jobs: u64) {
 
 pub(crate) fn scheduled(schedule: &str) {
     metrics::counter!(SCHEDULED_JOBS_TOTAL, "schedule" => schedule.to_owned()).increment(1);
-}
-
-pub(crate) fn attempt(queue: &str, kind: &str, class: &str, took: Duration) {
-    metrics::counter!(ATTEMPTS_TOTAL, "queue" => queue.to_owned(), "kind" => kind.to_owned(),
-        "class" => class.to_owned())
-    .increment(1);
-    metrics::histogram!(JOB_DURATION_SECONDS, "queue" => queue.to_owned(), "kind" => kind.to_owned())
-        .record(took.as_secs_f64());
 }
 
 pub(crate) fn finished(queue: &str, kind: &str, state: &str, reason: &str) {
@@ -383,4 +478,104 @@ pub fn spawn_gauges(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use metrics::{
+        Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+    };
+    use metrics_exporter_prometheus::PrometheusRecorder;
+
+    use super::*;
+
+    /// A Prometheus recorder that counts the handles asked of it.
+    struct Counting(PrometheusRecorder, AtomicUsize);
+
+    impl Recorder for Counting {
+        fn describe_counter(&self, k: KeyName, u: Option<Unit>, d: SharedString) {
+            self.0.describe_counter(k, u, d);
+        }
+        fn describe_gauge(&self, k: KeyName, u: Option<Unit>, d: SharedString) {
+            self.0.describe_gauge(k, u, d);
+        }
+        fn describe_histogram(&self, k: KeyName, u: Option<Unit>, d: SharedString) {
+            self.0.describe_histogram(k, u, d);
+        }
+        fn register_counter(&self, k: &Key, m: &Metadata<'_>) -> Counter {
+            self.1.fetch_add(1, Ordering::SeqCst);
+            self.0.register_counter(k, m)
+        }
+        fn register_gauge(&self, k: &Key, m: &Metadata<'_>) -> Gauge {
+            self.1.fetch_add(1, Ordering::SeqCst);
+            self.0.register_gauge(k, m)
+        }
+        fn register_histogram(&self, k: &Key, m: &Metadata<'_>) -> Histogram {
+            self.1.fetch_add(1, Ordering::SeqCst);
+            self.0.register_histogram(k, m)
+        }
+    }
+
+    /// A run's jobs of one queue and kind share their handles: 300 jobs ask the recorder for
+    /// five (one per series), and every job still counts, under its own labels.
+    #[test]
+    fn a_runs_jobs_take_their_metric_handles_once_per_series() {
+        let prom = prometheus_builder().unwrap().build_recorder();
+        let handle = prom.handle();
+        let rec = Counting(prom, AtomicUsize::new(0));
+        metrics::with_local_recorder(&rec, || {
+            let mut cache = JobMetricsCache::default();
+            for i in 0..300 {
+                let (queue, kind) = if i % 3 == 0 {
+                    ("payouts", "refund")
+                } else {
+                    ("payments", "charge")
+                };
+                let m = cache.get(queue, kind);
+                m.queue_latency(Duration::from_millis(5));
+                let class = if i == 7 {
+                    FailureClass::Timeout
+                } else {
+                    FailureClass::Success
+                };
+                m.attempt(class, Duration::from_millis(2));
+                m.finished("succeeded", "");
+            }
+            assert!(Arc::ptr_eq(
+                &cache.get("payments", "charge"),
+                &cache.get("payments", "charge")
+            ));
+            assert!(!Arc::ptr_eq(
+                &cache.get("payments", "charge"),
+                &cache.get("payments", "refund")
+            ));
+        });
+        // Per queue and kind: latency, duration, attempts(success), finished; and one
+        // attempts(timeout) for payments/charge.
+        assert_eq!(rec.1.load(Ordering::SeqCst), 9, "handles taken");
+        let text = handle.render();
+        let line = |prefix: &str| {
+            text.lines()
+                .find(|l| l.starts_with(prefix))
+                .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
+                .to_owned()
+        };
+        assert!(line(r#"redrive_jobs_finished_total{queue="payments",kind="charge",state="succeeded",reason=""}"#).ends_with(" 200"));
+        assert!(line(r#"redrive_jobs_finished_total{queue="payouts",kind="refund",state="succeeded",reason=""}"#).ends_with(" 100"));
+        assert!(
+            line(r#"redrive_attempts_total{queue="payments",kind="charge",class="success"}"#)
+                .ends_with(" 199")
+        );
+        assert!(
+            line(r#"redrive_attempts_total{queue="payments",kind="charge",class="timeout"}"#)
+                .ends_with(" 1")
+        );
+        assert!(line(r#"redrive_queue_latency_seconds_count{queue="payouts"}"#).ends_with(" 100"));
+        assert!(
+            line(r#"redrive_job_duration_seconds_count{queue="payments",kind="charge"}"#)
+                .ends_with(" 200")
+        );
+    }
 }

@@ -24,7 +24,7 @@ use crate::completer::WriteError;
 use crate::declines;
 use crate::fleet::Gate;
 use crate::handler::{Attempted, Handler, JobContext, StatusAnswer};
-use crate::metrics;
+use crate::metrics::{self, JobMetrics};
 
 /// How one pass of the executor's loop ended.
 enum Step {
@@ -78,6 +78,8 @@ struct Claim<'a> {
     /// Since when this claim waits for the dependency's reservation horizon.
     waited_since: Option<Timestamp>,
     summary: Summary,
+    /// The metric handles of the job's queue and kind.
+    metrics: &'a JobMetrics,
 }
 
 /// The dependency's answer before a call.
@@ -158,9 +160,13 @@ impl Run {
     }
 
     /// One claim: attempts until the job is done, dead, deferred, released or its lease is lost.
-    pub(super) async fn execute(&self, job: Job) -> Result<Summary, RuntimeError> {
+    pub(super) async fn execute(
+        &self,
+        job: Job,
+        metrics: Arc<JobMetrics>,
+    ) -> Result<Summary, RuntimeError> {
         let lost = CancellationToken::new();
-        let run = self.execute_claim(&job, &lost);
+        let run = self.execute_claim(&job, &lost, &metrics);
         tokio::pin!(run);
         // Most claims end before their first heartbeat is due: they need no heartbeat task
         // (a task per job was a tenth of a worker's own CPU time when draining noop jobs).
@@ -180,8 +186,9 @@ impl Run {
         &self,
         job: &Job,
         lost: &CancellationToken,
+        metrics: &JobMetrics,
     ) -> Result<Summary, RuntimeError> {
-        let mut claim = match self.start(job, lost).await {
+        let mut claim = match self.start(job, lost, metrics).await {
             Ok(claim) => claim,
             Err(end) => return end,
         };
@@ -205,6 +212,7 @@ impl Run {
         &'a self,
         job: &'a Job,
         lost: &'a CancellationToken,
+        metrics: &'a JobMetrics,
     ) -> Result<Claim<'a>, Result<Summary, RuntimeError>> {
         let config = &self.shared.config;
         let mut claim = Claim {
@@ -223,6 +231,7 @@ impl Run {
             last_decline: None,
             waited_since: None,
             summary: Summary::default(),
+            metrics,
         };
         // The card networks' rules before a call that follows a decline (declines.rs).
         if declines::may_follow_decline(job) {
@@ -236,8 +245,7 @@ impl Run {
             }
         }
         // Queue latency: from the job's due time to this start.
-        metrics::queue_latency(
-            &job.queue,
+        claim.metrics.queue_latency(
             (config.clock.now() - job.run_at)
                 .to_std()
                 .unwrap_or_default(),
@@ -455,12 +463,7 @@ impl Run {
         let class = called.attempted.outcome.class();
         called.span.record("class", class.as_str());
         claim.summary.attempts += 1;
-        metrics::attempt(
-            &claim.job.queue,
-            &claim.job.kind,
-            class.as_str(),
-            called.took,
-        );
+        claim.metrics.attempt(class, called.took);
         if claim.lost.is_cancelled() {
             // The call was made and answered: what it says of the dependency (a probe's
             // verdict above all) still goes to the fleet.
@@ -615,12 +618,12 @@ impl Run {
             }
             (Transition::Succeeded { .. }, Step::Ended) => {
                 s.succeeded += 1;
-                metrics::finished(&job.queue, &job.kind, "succeeded", "");
+                claim.metrics.finished("succeeded", "");
                 Phase::End(Ok(*s))
             }
             (Transition::Dead { reason }, Step::Ended) => {
                 s.dead += 1;
-                metrics::finished(&job.queue, &job.kind, "dead", reason.as_str());
+                claim.metrics.finished("dead", reason.as_str());
                 tracing::warn!(job = job.id, reason = reason.as_str(), "job dead");
                 Phase::End(Ok(*s))
             }
@@ -664,7 +667,7 @@ impl Run {
             Ok(()) => match transition {
                 Transition::Dead { reason } => {
                     s.dead += 1;
-                    metrics::finished(&job.queue, &job.kind, "dead", reason.as_str());
+                    claim.metrics.finished("dead", reason.as_str());
                 }
                 Transition::Released
                 | Transition::Deferred {

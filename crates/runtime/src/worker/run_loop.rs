@@ -101,6 +101,8 @@ struct Pool {
     retry_at: Option<Instant>,
     /// Passes of the claim loop so far.
     passes: u64,
+    /// The metric handles of the queues and kinds claimed so far.
+    job_metrics: metrics::JobMetricsCache,
 }
 
 impl Worker {
@@ -187,6 +189,7 @@ impl Pool {
             dry: false,
             retry_at: None,
             passes: 0,
+            job_metrics: metrics::JobMetricsCache::default(),
             shared,
         }
     }
@@ -474,7 +477,8 @@ impl Pool {
         let mut permits = permits.into_iter();
         for job in jobs {
             let permit = permits.next();
-            self.tasks.spawn(job_task(self.run.clone(), job, permit));
+            let m = self.job_metrics.get(&job.queue, &job.kind);
+            self.tasks.spawn(job_task(self.run.clone(), job, m, permit));
         }
     }
 
@@ -505,11 +509,12 @@ impl Pool {
 fn job_task(
     run: Arc<Run>,
     job: Job,
+    metrics: Arc<metrics::JobMetrics>,
     permit: Option<OwnedSemaphorePermit>,
 ) -> impl std::future::Future<Output = TaskEnd> + Send + 'static {
     let id = job.id;
     async move {
-        let r = AssertUnwindSafe(Box::pin(run.execute(job)))
+        let r = AssertUnwindSafe(Box::pin(run.execute(job, metrics)))
             .catch_unwind()
             .await;
         drop(permit);
@@ -609,7 +614,8 @@ mod tests {
             now,
         };
         let job = store.claim(&params).await.unwrap().remove(0);
-        let task = job_task(pool.run.clone(), job, None);
+        let m = Arc::new(metrics::JobMetrics::new("q", "noop"));
+        let task = job_task(pool.run.clone(), job, m, None);
         let size = std::mem::size_of_val(&task);
         assert!(size < 1024, "a job's task is {size} bytes");
         let (_, end) = task.await;
