@@ -7,7 +7,7 @@
 //! answers.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -627,6 +627,71 @@ impl Handler for Forever {
             ok()
         })
     }
+}
+
+/// Watches its token from a task of its own (which outlives the call), then waits for ever;
+/// or, with `own`, cancels its token itself and succeeds.
+#[derive(Debug, Default)]
+struct Watches {
+    own: bool,
+    seen: Arc<AtomicBool>,
+}
+
+impl Handler for Watches {
+    fn run(&self, ctx: JobContext) -> BoxFuture<'static, Attempted> {
+        if self.own {
+            ctx.cancel.cancel();
+            return Box::pin(async { ok() });
+        }
+        let (cancel, seen) = (ctx.cancel.clone(), self.seen.clone());
+        tokio::spawn(async move {
+            cancel.cancelled().await;
+            seen.store(true, Ordering::SeqCst);
+        });
+        Box::pin(std::future::pending())
+    }
+}
+
+/// The handler's token is cancelled when its lease is lost (the handler may have work of its
+/// own to stop); a handler cancelling its own token is not a lost lease.
+#[tokio::test(start_paused = true)]
+async fn a_lost_lease_cancels_the_handlers_token_and_the_handler_cancelling_it_loses_nothing() {
+    let e = env().await;
+    let id = e.enqueue(NewJob::new("q", "k", json!({}))).await;
+    let h = Arc::new(Watches::default());
+    let w = e
+        .worker("k", h.clone())
+        .lease(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let run = tokio::spawn(async move { w.run_until_idle().await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!h.seen.load(Ordering::SeqCst));
+    // An operator cancels the job mid-call: the next heartbeat finds the lease gone.
+    let now = e.clock.now();
+    e.db(move |s| async move { s.cancel(id, now).await.unwrap() })
+        .await;
+    let s = run.await.unwrap().unwrap();
+    assert_eq!((s.lease_lost, s.attempts), (1, 0), "{s:?}");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(
+        h.seen.load(Ordering::SeqCst),
+        "the handler's token was not cancelled"
+    );
+
+    e.enqueue(NewJob::new("q", "k", json!({}))).await;
+    let own = Arc::new(Watches {
+        own: true,
+        ..Watches::default()
+    });
+    let s = e
+        .worker("k", own)
+        .build()
+        .unwrap()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!((s.succeeded, s.lease_lost), (1, 0), "{s:?}");
 }
 
 #[tokio::test(start_paused = true)]

@@ -71,7 +71,7 @@ struct Claim<'a> {
     handler: Option<Arc<dyn Handler>>,
     auth: Option<Arc<AuthGate>>,
     /// Handed to the handler: cancelled with `lost`.
-    cancel: CancellationToken,
+    cancel: &'a CancellationToken,
     /// Card declines the job got so far, and the last one (declines.rs).
     declines_seen: u32,
     last_decline: Option<declines::LastDecline>,
@@ -166,7 +166,12 @@ impl Run {
         metrics: Arc<JobMetrics>,
     ) -> Result<Summary, RuntimeError> {
         let lost = CancellationToken::new();
-        let run = self.execute_claim(&job, &lost, &metrics);
+        // The handler's token, cancelled with `lost` by the heartbeat; a handler that cancels
+        // it itself does not end its claim as a lost lease. Two tokens rather than a child of
+        // `lost`: a child links into its parent (a lock and an allocation each way) on every
+        // job, for a cancellation only the heartbeat ever makes.
+        let cancel = CancellationToken::new();
+        let run = self.execute_claim(&job, &lost, &cancel, &metrics);
         tokio::pin!(run);
         // Most claims end before their first heartbeat is due: they need no heartbeat task
         // (a task per job was a tenth of a worker's own CPU time when draining noop jobs).
@@ -177,7 +182,7 @@ impl Run {
         }
         // Stopped however the claim ends, a panic included: a heartbeat that outlived its
         // task would hold the lease for ever, and the job would never be rescued.
-        let _heartbeat = AbortOnDrop(self.spawn_heartbeat(&job, lost.clone()));
+        let _heartbeat = AbortOnDrop(self.spawn_heartbeat(&job, [lost.clone(), cancel.clone()]));
         run.await
     }
 
@@ -186,9 +191,10 @@ impl Run {
         &self,
         job: &Job,
         lost: &CancellationToken,
+        cancel: &CancellationToken,
         metrics: &JobMetrics,
     ) -> Result<Summary, RuntimeError> {
-        let mut claim = match self.start(job, lost, metrics).await {
+        let mut claim = match self.start(job, lost, cancel, metrics).await {
             Ok(claim) => claim,
             Err(end) => return end,
         };
@@ -212,6 +218,7 @@ impl Run {
         &'a self,
         job: &'a Job,
         lost: &'a CancellationToken,
+        cancel: &'a CancellationToken,
         metrics: &'a JobMetrics,
     ) -> Result<Claim<'a>, Result<Summary, RuntimeError>> {
         let config = &self.shared.config;
@@ -226,7 +233,7 @@ impl Run {
             counters: job.counters(),
             handler: config.handlers.get(&job.kind).cloned(),
             auth: self.shared.auth.get(&job.kind).cloned(),
-            cancel: lost.child_token(),
+            cancel,
             declines_seen: 0,
             last_decline: None,
             waited_since: None,

@@ -68,13 +68,13 @@ impl Run {
     }
 
     /// Extends the claim's lease now and then every [`Run::heartbeat_every`] until aborted
-    /// (the caller starts it once the first extension is due); cancels `lost` when the lease
-    /// is lost, or when the store has been unreachable for so long that the lease is about to
-    /// run out.
+    /// (the caller starts it once the first extension is due); cancels the `lost` tokens (the
+    /// claim's and its handler's) when the lease is lost, or when the store has been
+    /// unreachable for so long that the lease is about to run out.
     pub(super) fn spawn_heartbeat(
         &self,
         job: &Job,
-        lost: CancellationToken,
+        lost: [CancellationToken; 2],
     ) -> tokio::task::JoinHandle<()> {
         let config = &self.shared.config;
         let db = self.shared.db.clone();
@@ -94,7 +94,7 @@ impl Run {
                 {
                     Ok(t) => until = t,
                     Err(e) if e.is_lease_lost() => {
-                        lost.cancel();
+                        lost.iter().for_each(CancellationToken::cancel);
                         return;
                     }
                     Err(e) => {
@@ -103,7 +103,7 @@ impl Run {
                         if clock.now() + chrono::Duration::from_std(every).unwrap_or_default()
                             >= until
                         {
-                            lost.cancel();
+                            lost.iter().for_each(CancellationToken::cancel);
                             return;
                         }
                     }
