@@ -5,7 +5,7 @@
 //!
 //! Batches are sized by load: with nothing in flight, what is queued goes at once (one
 //! completion alone when the worker is quiet); while a batch is in flight the next ones
-//! gather, and another batch starts beside it only once [`PARALLEL_MIN`] are waiting, up to
+//! gather, and another batch starts beside it only once a claim's worth is waiting, up to
 //! [`in_flight`] batches at a time (PostgreSQL: several server processes share the commits;
 //! SQLite has one writer, so one). Completions of different jobs are independent, and a
 //! job's task has at most one completion in flight, so concurrent batches change no order
@@ -23,17 +23,14 @@ use tokio::task::JoinSet;
 /// (for its task to retry without keeping a copy of every completion it sends).
 type Reply = oneshot::Sender<Result<(), (Arc<StoreError>, Completion)>>;
 
-/// Completions waiting before a batch starts beside one already in flight: fewer wait for
-/// the batch in flight to commit. A full claim's worth (the runtime's default claim batch):
-/// with 32, a busy PostgreSQL worker committed batches of ~120 on average against the
-/// store-level loop's 200, and the server spent 25–40% more CPU per job on the extra
-/// statements (`redrive bench`, c=8 and c=64).
-const PARALLEL_MIN: usize = crate::worker::DEFAULT_CLAIM_BATCH;
-
 /// Whether a batch of the `waiting` completions starts now, beside `flying` batches in
-/// flight (at most `lanes`): at once when none is in flight, else only a big one.
-fn start_batch(waiting: usize, flying: usize, lanes: usize) -> bool {
-    waiting > 0 && flying < lanes && (flying == 0 || waiting >= PARALLEL_MIN)
+/// flight (at most `lanes`): at once when none is in flight, else only a claim's worth
+/// (`claim`: the jobs one claim of the worker takes at most). Fewer wait for the batch in
+/// flight to commit: with batches beside it at 32, a busy PostgreSQL worker committed ~120
+/// jobs per statement on average against the store-level loop's 200, and the server spent
+/// 25–40% more CPU per job on the extra statements (`redrive bench`, c=8 and c=64).
+fn start_batch(waiting: usize, flying: usize, lanes: usize, claim: usize) -> bool {
+    waiting > 0 && flying < lanes && (flying == 0 || waiting >= claim.max(1))
 }
 
 /// Batches in flight at once on a backend: one writer on SQLite; on PostgreSQL a few, as
@@ -49,15 +46,15 @@ pub(crate) struct Completer {
 }
 
 impl Completer {
-    /// Starts the batching task; it ends when every handle is dropped and the last batch
-    /// has committed.
-    pub(crate) fn spawn(db: Db, max_batch: usize) -> Self {
+    /// Starts the batching task for a worker whose claims take at most `claim` jobs; it ends
+    /// when every handle is dropped and the last batch has committed.
+    pub(crate) fn spawn(db: Db, max_batch: usize, claim: usize) -> Self {
         let lanes = in_flight(db.backend());
-        Self::spawn_with(db, max_batch, lanes)
+        Self::spawn_with(db, max_batch, lanes, claim)
     }
 
     /// [`Completer::spawn`] with at most `lanes` batches in flight.
-    pub(crate) fn spawn_with(db: Db, max_batch: usize, lanes: usize) -> Self {
+    pub(crate) fn spawn_with(db: Db, max_batch: usize, lanes: usize, claim: usize) -> Self {
         let (tx, mut rx) = mpsc::unbounded_channel::<(Completion, Reply)>();
         let max = max_batch.clamp(1, MAX_BATCH);
         let lanes = lanes.max(1);
@@ -69,7 +66,7 @@ impl Completer {
                 while let Ok(item) = rx.try_recv() {
                     waiting.push(item);
                 }
-                while start_batch(waiting.len(), flying.len(), lanes) {
+                while start_batch(waiting.len(), flying.len(), lanes, claim) {
                     let n = waiting.len().min(max);
                     let batch: Vec<_> = waiting.drain(..n).collect();
                     flying.spawn(flush(db.clone(), batch));
@@ -182,13 +179,16 @@ mod tests {
 
     #[test]
     fn a_batch_starts_beside_one_in_flight_only_when_a_claims_worth_waits() {
-        assert!(start_batch(1, 0, 4), "nothing in flight: at once");
-        assert!(!start_batch(0, 0, 4));
-        assert!(!start_batch(PARALLEL_MIN - 1, 1, 4));
-        assert!(start_batch(PARALLEL_MIN, 1, 4));
-        assert!(start_batch(PARALLEL_MIN, 3, 4));
-        assert!(!start_batch(10 * PARALLEL_MIN, 4, 4), "every lane busy");
-        assert_eq!(PARALLEL_MIN, 200);
+        assert!(start_batch(1, 0, 4, 200), "nothing in flight: at once");
+        assert!(!start_batch(0, 0, 4, 200));
+        assert!(!start_batch(199, 1, 4, 200));
+        assert!(start_batch(200, 1, 4, 200));
+        assert!(start_batch(200, 3, 4, 200));
+        assert!(!start_batch(2000, 4, 4, 200), "every lane busy");
+        // A worker claiming 20 at a time: 20 waiting are a claim's worth (not 200).
+        assert!(start_batch(20, 1, 4, 20));
+        assert!(!start_batch(19, 1, 4, 20));
+        assert!(start_batch(1, 1, 4, 0), "a claim of at least one");
     }
 
     fn success(lease: Lease, attempts: u32, now: redrive_store::Timestamp) -> Completion {
@@ -241,7 +241,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(claimed.len(), 300);
-        let completer = Completer::spawn_with(Db::new(store.clone(), None), MAX_BATCH, 3);
+        let completer = Completer::spawn_with(Db::new(store.clone(), None), MAX_BATCH, 3, 200);
         // A job that no claim holds: its completion fails the fence.
         let waiting = store
             .enqueue(&NewJob::new("q", "noop", serde_json::json!({})), now)

@@ -155,9 +155,15 @@ impl Pool {
         let shared = worker.shared.clone();
         let config = &shared.config;
         let hard = CancellationToken::new();
+        let batch = config.claim_batch.unwrap_or(super::DEFAULT_CLAIM_BATCH);
         let run = Arc::new(Run {
             shared: shared.clone(),
-            completer: Completer::spawn(shared.db.clone(), redrive_store::MAX_BATCH),
+            // A claim's worth: what one claim takes at most.
+            completer: Completer::spawn(
+                shared.db.clone(),
+                redrive_store::MAX_BATCH,
+                batch.min(config.concurrency),
+            ),
             stop: stop.clone(),
             hard: hard.clone(),
         });
@@ -167,7 +173,7 @@ impl Pool {
             kinds: worker.kinds(),
             slots: Arc::new(Semaphore::new(config.concurrency)),
             wake: config.store.subscribe(),
-            batch: config.claim_batch.unwrap_or(super::DEFAULT_CLAIM_BATCH),
+            batch,
             all_queues: config.queues.is_empty(),
             queues,
             run,
