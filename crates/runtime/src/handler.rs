@@ -112,6 +112,10 @@ pub enum StatusAnswer {
 ///
 /// Only [`Handler::run`] is required. The hooks have defaults: no credentials to refresh, and
 /// no status query (an ambiguous timeout without an idempotency key is then final).
+///
+/// The future `run` returns should wait, not compute: a few jobs of a claim (up to 16) share
+/// one task, so a call that holds its thread for long holds theirs too. Put CPU-heavy or
+/// blocking work in `tokio::task::spawn_blocking` (or a task of its own) and await it.
 pub trait Handler: Send + Sync + fmt::Debug {
     /// Runs one attempt.
     fn run(&self, ctx: JobContext) -> BoxFuture<'static, Attempted>;

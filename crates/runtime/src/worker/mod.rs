@@ -220,7 +220,25 @@ fn host_name() -> String {
 /// Adds a job task's end to the run's: a failed task is logged with its job and counted, and
 /// its job is left to its lease (the heartbeat stopped with the task, so the lease runs out
 /// and the job is rescued); the pool goes on.
-fn absorb(r: Result<TaskEnd, tokio::task::JoinError>, total: &mut Summary, health: &PoolHealth) {
+fn absorb(
+    r: Result<Vec<TaskEnd>, tokio::task::JoinError>,
+    total: &mut Summary,
+    health: &PoolHealth,
+) {
+    match r {
+        Ok(ends) => ends
+            .into_iter()
+            .for_each(|e| absorb_one(Ok(e), total, health)),
+        Err(e) => absorb_one(Err(e), total, health),
+    }
+}
+
+/// [`absorb`] for one job.
+fn absorb_one(
+    r: Result<TaskEnd, tokio::task::JoinError>,
+    total: &mut Summary,
+    health: &PoolHealth,
+) {
     let failed = match r {
         Ok((_, Ok(Ok(s)))) => {
             total.add(s);
