@@ -539,20 +539,18 @@ async fn job_end(
 }
 
 /// A task of claimed jobs, run side by side: each job's end, in the order they end.
-fn jobs_task(
+async fn jobs_task(
     run: Arc<Run>,
     jobs: Vec<(Job, Arc<metrics::JobMetrics>, Option<OwnedSemaphorePermit>)>,
-) -> impl std::future::Future<Output = Vec<TaskEnd>> + Send + 'static {
-    async move {
-        let mut ends = Vec::with_capacity(jobs.len());
-        let mut running: FuturesUnordered<_> = (jobs.into_iter())
-            .map(|(job, m, permit)| job_end(&run, job, m, permit))
-            .collect();
-        while let Some(end) = running.next().await {
-            ends.push(end);
-        }
-        ends
+) -> Vec<TaskEnd> {
+    let mut ends = Vec::with_capacity(jobs.len());
+    let mut running: FuturesUnordered<_> = (jobs.into_iter())
+        .map(|(job, m, permit)| job_end(&run, job, m, permit))
+        .collect();
+    while let Some(end) = running.next().await {
+        ends.push(end);
     }
+    ends
 }
 
 /// Whether a claim for the `n` slots gathered starts now, beside `flying` claims in flight:
