@@ -685,11 +685,24 @@ mod tests {
         );
     }
 
-    /// Waits for `release` when the job's kind is `slow`; counts the `fast` ones it ran.
+    /// Waits (10 s at most) for `n` to reach `want`; what it reached.
+    async fn count_reaches(n: &std::sync::atomic::AtomicUsize, want: usize) -> usize {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while n.load(std::sync::atomic::Ordering::SeqCst) < want
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        n.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Waits for `release` when the job's kind is `slow` (counting the slow calls started);
+    /// counts the `fast` ones it ran.
     #[derive(Debug)]
     struct SlowOrFast {
         release: tokio::sync::watch::Receiver<bool>,
         fast_done: Arc<std::sync::atomic::AtomicUsize>,
+        slow_started: Arc<std::sync::atomic::AtomicUsize>,
     }
 
     impl crate::Handler for SlowOrFast {
@@ -698,35 +711,14 @@ mod tests {
             ctx: crate::JobContext,
         ) -> std::pin::Pin<Box<dyn std::future::Future<Output = crate::Attempted> + Send>> {
             let mut release = self.release.clone();
-            let fast_done = self.fast_done.clone();
+            let (fast_done, slow_started) = (self.fast_done.clone(), self.slow_started.clone());
             Box::pin(async move {
                 if ctx.kind == "slow" {
+                    slow_started.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     let _ = release.wait_for(|r| *r).await;
                 } else {
                     fast_done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 }
-                crate::Attempted::success(serde_json::Value::Null)
-            })
-        }
-    }
-
-    /// Counts the calls that started, then waits for `release`.
-    #[derive(Debug)]
-    struct Gate {
-        release: tokio::sync::watch::Receiver<bool>,
-        started: Arc<std::sync::atomic::AtomicUsize>,
-    }
-
-    impl crate::Handler for Gate {
-        fn run(
-            &self,
-            _: crate::JobContext,
-        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = crate::Attempted> + Send>> {
-            let mut release = self.release.clone();
-            self.started
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            Box::pin(async move {
-                let _ = release.wait_for(|r| *r).await;
                 crate::Attempted::success(serde_json::Value::Null)
             })
         }
@@ -739,29 +731,24 @@ mod tests {
         let (_dir, store) = temp_store().await;
         let now = chrono::Utc::now();
         let jobs: Vec<_> = (0..40)
-            .map(|_| redrive_store::NewJob::new("q", "gate", serde_json::json!({})))
+            .map(|_| redrive_store::NewJob::new("q", "slow", serde_json::json!({})))
             .collect();
         store.enqueue_many(&jobs, now).await.unwrap();
         let (release, released) = tokio::sync::watch::channel(false);
         let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let handler = Arc::new(Gate {
+        let handler = Arc::new(SlowOrFast {
             release: released,
-            started: started.clone(),
+            fast_done: Arc::default(),
+            slow_started: started.clone(),
         });
         let worker = Worker::builder(store.clone(), vec!["q".into()])
-            .handler("gate", handler)
+            .handler("slow", handler)
             .concurrency(40)
             .gauge_interval(None)
             .build()
             .unwrap();
         let run = tokio::spawn(async move { worker.run_until_idle().await });
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while started.load(std::sync::atomic::Ordering::SeqCst) < 40
-            && tokio::time::Instant::now() < deadline
-        {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let at_once = started.load(std::sync::atomic::Ordering::SeqCst);
+        let at_once = count_reaches(&started, 40).await;
         release.send(true).unwrap();
         let total = run.await.unwrap().unwrap();
         assert_eq!(
@@ -791,6 +778,7 @@ mod tests {
         let handler = Arc::new(SlowOrFast {
             release: released,
             fast_done: fast_done.clone(),
+            slow_started: Arc::default(),
         });
         let worker = Worker::builder(store.clone(), vec!["q".into()])
             .handler("slow", handler.clone())
@@ -804,13 +792,7 @@ mod tests {
             let stop = stop.clone();
             async move { worker.run(stop).await }
         });
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while fast_done.load(std::sync::atomic::Ordering::SeqCst) < 5
-            && tokio::time::Instant::now() < deadline
-        {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let fast = fast_done.load(std::sync::atomic::Ordering::SeqCst);
+        let fast = count_reaches(&fast_done, 5).await;
         release.send(true).unwrap();
         stop.cancel();
         let total = run.await.unwrap().unwrap();
