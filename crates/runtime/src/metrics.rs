@@ -277,19 +277,20 @@ impl JobMetrics {
             .record(took.as_secs_f64());
     }
 
-    /// A job that ended `state` (`reason`: why it died, else empty).
-    pub(crate) fn finished(&self, state: &str, reason: &str) {
+    /// A job that succeeded.
+    pub(crate) fn succeeded(&self) {
         let (q, k) = (&self.queue, &self.kind);
-        if state == "succeeded" && reason.is_empty() {
-            (self.succeeded)
-                .get_or_init(|| {
-                    metrics::counter!(JOBS_FINISHED_TOTAL, "queue" => q.clone(), "kind" => k.clone(),
-                        "state" => "succeeded", "reason" => "")
-                })
-                .increment(1);
-        } else {
-            finished(q, k, state, reason);
-        }
+        (self.succeeded)
+            .get_or_init(|| {
+                metrics::counter!(JOBS_FINISHED_TOTAL, "queue" => q.clone(), "kind" => k.clone(),
+                    "state" => "succeeded", "reason" => "")
+            })
+            .increment(1);
+    }
+
+    /// A job that died for `reason` (rare: no handle kept).
+    pub(crate) fn dead(&self, reason: &str) {
+        finished(&self.queue, &self.kind, "dead", reason);
     }
 }
 
@@ -541,7 +542,7 @@ mod tests {
                     FailureClass::Success
                 };
                 m.attempt(class, Duration::from_millis(2));
-                m.finished("succeeded", "");
+                m.succeeded();
             }
             assert!(Arc::ptr_eq(
                 &cache.get("payments", "charge"),

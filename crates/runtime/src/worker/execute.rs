@@ -625,12 +625,12 @@ impl Run {
             }
             (Transition::Succeeded { .. }, Step::Ended) => {
                 s.succeeded += 1;
-                claim.metrics.finished("succeeded", "");
+                claim.metrics.succeeded();
                 Phase::End(Ok(*s))
             }
             (Transition::Dead { reason }, Step::Ended) => {
                 s.dead += 1;
-                claim.metrics.finished("dead", reason.as_str());
+                claim.metrics.dead(reason.as_str());
                 tracing::warn!(job = job.id, reason = reason.as_str(), "job dead");
                 Phase::End(Ok(*s))
             }
@@ -674,7 +674,7 @@ impl Run {
             Ok(()) => match transition {
                 Transition::Dead { reason } => {
                     s.dead += 1;
-                    claim.metrics.finished("dead", reason.as_str());
+                    claim.metrics.dead(reason.as_str());
                 }
                 Transition::Released
                 | Transition::Deferred {
