@@ -522,8 +522,9 @@ pub(super) const JOBS_PER_TASK: usize = 16;
 
 /// The claim of one job executed, its slot freed at the end.
 ///
-/// The executor's future (a few KB: every phase's state) is boxed, so that the task that
-/// holds it stays small.
+/// The executor's future (about 3 KB: the common path's state) is held inline: the group's
+/// `FuturesUnordered` allocates each of its futures on its own already, and a box as well
+/// was one more allocation and free of a few KB per job.
 async fn job_end(
     run: &Run,
     job: Job,
@@ -531,7 +532,7 @@ async fn job_end(
     permit: Option<OwnedSemaphorePermit>,
 ) -> TaskEnd {
     let id = job.id;
-    let r = AssertUnwindSafe(Box::pin(run.execute(job, metrics)))
+    let r = AssertUnwindSafe(run.execute(job, metrics))
         .catch_unwind()
         .await;
     drop(permit);
@@ -621,9 +622,9 @@ mod tests {
         assert!(claim_now(1, 1, 0, false), "a batch of one");
     }
 
-    /// A job's task holds the executor's future behind a pointer: tokio copies a task's
-    /// future whole into its cell at the spawn and its stage at the end (the executor's is a
-    /// few KB).
+    /// A task of jobs holds their executors' futures behind pointers (its `FuturesUnordered`
+    /// allocates each): tokio copies a task's future whole into its cell at the spawn and its
+    /// stage at the end. And the executor's future holds only the common path.
     #[tokio::test]
     async fn a_job_task_is_small_to_spawn() {
         let (_dir, store) = temp_store().await;
@@ -646,6 +647,12 @@ mod tests {
         };
         let job = store.claim(&params).await.unwrap().remove(0);
         let m = Arc::new(metrics::JobMetrics::new("q", "noop"));
+        // The executor's future is moved whole onto the heap for every job: the rarely taken
+        // branches (the fleet's gate and answers, card declines, releases, retries of a
+        // failed write) are boxed where they are taken, so that only the common path sizes
+        // it. 4,208 bytes before; 3,040 with rustc 1.95.
+        let size = std::mem::size_of_val(&pool.run.execute(job.clone(), m.clone()));
+        assert!(size <= 3328, "the executor's future is {size} bytes");
         let task = jobs_task(pool.run.clone(), vec![(job, m, None)]);
         let size = std::mem::size_of_val(&task);
         assert!(size < 1024, "a job's task is {size} bytes");
