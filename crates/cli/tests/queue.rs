@@ -217,6 +217,9 @@ fn bench_runs_small_and_prints_json() {
         r["runs"][0]["enqueue_producers"], 1,
         "one writer: one producer"
     );
+    // Unseeded: each drain on a fresh file, after a WAL checkpoint.
+    assert_eq!(r["fresh_stores"], true, "{r}");
+    assert!(r["checkpoint_error"].is_null(), "{r}");
     let runs = r["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 2);
     assert!(
@@ -299,6 +302,7 @@ fn bench_drains_the_top_of_a_seeded_queue_beside_the_plain_sql_ceiling() {
             &serde_json::json!(300)
         )
     );
+    assert_eq!(r["fresh_stores"], false, "{r}");
     // Both levels ran on the one seeded store, each draining exactly its 400 jobs three
     // times (store, ceiling, runtime) from the top of the backlog (the bench fails if any
     // drain got more or fewer).

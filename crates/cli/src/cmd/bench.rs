@@ -71,6 +71,11 @@ struct Report {
     payload_bytes: u64,
     /// Seconds the bulk seeding of backlog and history took.
     seed_seconds: f64,
+    /// Each drain of a level ran on a fresh store of its own (no backlog or history), not
+    /// on the tables of the drain before it.
+    fresh_stores: bool,
+    /// Why a drain could not start after a checkpoint (the first failure), if one could not.
+    checkpoint_error: Option<String>,
     runs: Vec<Run>,
     /// `--processes` runs (then there are no in-process runs and no pickup figures).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -228,21 +233,38 @@ pub(crate) fn run(global: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
             }
         } else {
             for (i, &c) in levels.iter().enumerate() {
-                let s = match shared.take() {
-                    Some(s) => s,
-                    None => {
-                        let (s, secs) = prepare(i as u32).await?;
-                        seed_seconds += secs;
-                        s
-                    }
+                let run = Level {
+                    jobs: a.jobs,
+                    concurrency: c,
+                    producers,
+                    ceiling: a.ceiling,
                 };
-                backend = s.store.backend();
-                let r = level(&s.store, a.jobs, c, producers, &payload, a.ceiling).await;
-                if seeded && r.is_ok() {
-                    shared = Some(s);
+                let r = if seeded {
+                    let s = match shared.take() {
+                        Some(s) => s,
+                        None => {
+                            let (s, secs) = prepare(i as u32).await?;
+                            seed_seconds += secs;
+                            s
+                        }
+                    };
+                    backend = s.store.backend();
+                    let r = level(Stores::Seeded(&s.store), run, &payload).await;
+                    if r.is_ok() {
+                        shared = Some(s);
+                    } else {
+                        cleanup(s).await;
+                    }
+                    r
                 } else {
-                    cleanup(s).await;
-                }
+                    // Each drain of the level on a fresh store of its own.
+                    let n = 100 * (i as u32 + 1);
+                    let r = level(Stores::Fresh { db: &global.db, n }, run, &payload).await;
+                    if global.db.starts_with("postgres") {
+                        backend = "postgres";
+                    }
+                    r
+                };
                 runs.push(r?);
             }
             if let Some(s) = shared.take() {
@@ -268,6 +290,8 @@ pub(crate) fn run(global: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
             history: a.history,
             payload_bytes,
             seed_seconds,
+            fresh_stores: !seeded && a.processes.is_empty(),
+            checkpoint_error: CHECKPOINT_ERROR.get().cloned(),
             runs,
             processes: procs,
             peak_rss_mib: bench_scale::own_peak_rss_mib(),
@@ -363,6 +387,9 @@ pub(crate) fn run(global: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
                     report.scheduled_pickup_samples
                 );
             }
+            if let Some(e) = &report.checkpoint_error {
+                outln!("no checkpoint before the drains ({e}): a drain may include one");
+            }
             outln!("bench peak RSS {:.1} MiB", report.peak_rss_mib);
         }
         Ok(ExitCode::SUCCESS)
@@ -378,52 +405,89 @@ fn pct(v: &[f64], q: f64) -> f64 {
     v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
+/// Where a level's drains run.
+#[derive(Clone, Copy)]
+enum Stores<'a> {
+    /// Each drain on a fresh store of its own (scratch number `n` and up), filled the same
+    /// way: the runtime drain that followed the store-level one on the same tables started
+    /// on its dead rows, and often under autovacuum, while the store-level drain never did.
+    Fresh { db: &'a str, n: u32 },
+    /// All on one store seeded with a backlog or history (too costly to seed for each).
+    Seeded(&'a Store),
+}
+
+impl Stores<'_> {
+    /// The `k`th drain's store (fresh, or the seeded one) and, when fresh, the scratch to
+    /// clean up after it.
+    async fn get(self, k: u32) -> anyhow::Result<(Store, Option<Scratch>)> {
+        match self {
+            Stores::Fresh { db, n } => {
+                let s = scratch(db, n + k).await?;
+                Ok((s.store.clone(), Some(s)))
+            }
+            Stores::Seeded(store) => Ok((store.clone(), None)),
+        }
+    }
+}
+
+/// One concurrency level's parameters.
+#[derive(Clone, Copy)]
+struct Level {
+    jobs: u64,
+    concurrency: u32,
+    producers: u32,
+    ceiling: bool,
+}
+
 /// One concurrency level: the store-level drain (after a timed enqueue), the ceiling if
 /// asked, and the runtime drain, each of exactly `jobs` claims from the top of the queue.
-async fn level(
-    store: &Store,
-    jobs: u64,
-    c: u32,
-    producers: u32,
-    payload: &serde_json::Value,
-    ceiling: bool,
-) -> anyhow::Result<Run> {
-    let mut r = one_run(store, jobs, c, producers, payload).await?;
-    if ceiling {
-        bench_scale::seed(
-            store,
-            QUEUE,
-            SeedRows::Available,
-            jobs,
-            payload,
-            Duration::ZERO,
-        )
-        .await?;
-        let pb = bar(0, format!("ceiling drain (c={c})"));
-        let (ceil, cpu) =
-            bench_scale::cpu_per_job(jobs, bench_scale::ceiling(store, QUEUE, jobs, c)).await;
-        pb.finish_and_clear();
+async fn level(at: Stores<'_>, l: Level, payload: &serde_json::Value) -> anyhow::Result<Run> {
+    let (jobs, c) = (l.jobs, l.concurrency);
+    let (store, s) = at.get(0).await?;
+    let r = one_run(&store, jobs, c, l.producers, payload).await;
+    if let Some(s) = s {
+        cleanup(s).await;
+    }
+    let mut r = r?;
+    if l.ceiling {
+        let (store, s) = at.get(1).await?;
+        let ceil = async {
+            fill(&store, at, jobs, l.producers, payload).await?;
+            checkpoint(&store).await;
+            let pb = bar(0, format!("ceiling drain (c={c})"));
+            let out =
+                bench_scale::cpu_per_job(jobs, bench_scale::ceiling(&store, QUEUE, jobs, c)).await;
+            pb.finish_and_clear();
+            anyhow::Ok(out)
+        }
+        .await;
+        if let Some(s) = s {
+            cleanup(s).await;
+        }
+        let (ceil, cpu) = ceil?;
         let ceil = ceil?;
         r.ceiling_cpu_us_per_job = cpu;
         r.ceiling_drain_jobs_per_s = Some(ceil);
         r.store_vs_ceiling = Some(r.drain_jobs_per_s / ceil);
     }
-    bench_scale::seed(
-        store,
-        QUEUE,
-        SeedRows::Available,
-        jobs,
-        payload,
-        Duration::ZERO,
-    )
-    .await?;
-    let pb = bar(0, format!("runtime drain (c={c})"));
-    let (rt, cpu) = bench_scale::cpu_per_job(
-        jobs,
-        crate::cmd::bench_runtime::drain(store, QUEUE, jobs, c * CLAIM_BATCH),
-    )
+    let (store, s) = at.get(2).await?;
+    let rt = async {
+        fill(&store, at, jobs, l.producers, payload).await?;
+        checkpoint(&store).await;
+        let pb = bar(0, format!("runtime drain (c={c})"));
+        let out = bench_scale::cpu_per_job(
+            jobs,
+            crate::cmd::bench_runtime::drain(&store, QUEUE, jobs, c * CLAIM_BATCH),
+        )
+        .await;
+        pb.finish_and_clear();
+        anyhow::Ok(out)
+    }
     .await;
-    pb.finish_and_clear();
+    if let Some(s) = s {
+        cleanup(s).await;
+    }
+    let (rt, cpu) = rt?;
     let rt = rt?;
     r.runtime_cpu_us_per_job = cpu;
     r.runtime_drain_jobs_per_s = rt;
@@ -431,18 +495,55 @@ async fn level(
     Ok(r)
 }
 
-async fn one_run(
+/// The `jobs` a drain after the store-level one takes: on a fresh store enqueued as the
+/// store-level drain's were (untimed); on the seeded store, seeded on top of its backlog.
+async fn fill(
     store: &Store,
+    at: Stores<'_>,
     jobs: u64,
-    concurrency: u32,
     producers: u32,
     payload: &serde_json::Value,
-) -> anyhow::Result<Run> {
+) -> anyhow::Result<()> {
+    match at {
+        Stores::Fresh { .. } => {
+            enqueue(store, jobs, producers, payload, "enqueue").await?;
+        }
+        Stores::Seeded(_) => {
+            let rows = SeedRows::Available;
+            bench_scale::seed(store, QUEUE, rows, jobs, payload, Duration::ZERO).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The first checkpoint that failed, for the report.
+static CHECKPOINT_ERROR: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// [`bench_scale::checkpoint`] before a timed drain; a failure is reported (once, and in
+/// the report's `checkpoint_error`), and the drains go on, each of them then liable to
+/// include a checkpoint the server starts itself.
+async fn checkpoint(store: &Store) {
+    if let Err(e) = bench_scale::checkpoint(store).await
+        && CHECKPOINT_ERROR.set(e.clone()).is_ok()
+    {
+        eprintln!("redrive: bench: no checkpoint before the drains ({e}); a drain may include one");
+    }
+}
+
+/// Enqueues `jobs` noop jobs from `producers` tasks, in transactions of up to 5,000;
+/// returns the seconds it took.
+async fn enqueue(
+    store: &Store,
+    jobs: u64,
+    producers: u32,
+    payload: &serde_json::Value,
+    what: &str,
+) -> anyhow::Result<f64> {
     let now = chrono::Utc::now();
     // Up to 5,000 jobs per transaction, fewer with big payloads (about 16 MiB of them).
     let per_batch = (16 << 20) / payload.to_string().len().max(1);
     let per_batch = per_batch.clamp(1, ENQUEUE_BATCH);
-    let pb = bar(jobs, format!("enqueue (c={concurrency})"));
+    let pb = bar(jobs, what.to_owned());
     let t = Instant::now();
     let mut tasks = Vec::new();
     for p in 0..u64::from(producers) {
@@ -467,8 +568,20 @@ async fn one_run(
     for t in tasks {
         t.await??;
     }
-    let enqueue_s = t.elapsed().as_secs_f64();
     pb.finish_and_clear();
+    Ok(t.elapsed().as_secs_f64())
+}
+
+async fn one_run(
+    store: &Store,
+    jobs: u64,
+    concurrency: u32,
+    producers: u32,
+    payload: &serde_json::Value,
+) -> anyhow::Result<Run> {
+    let what = format!("enqueue (c={concurrency})");
+    let enqueue_s = enqueue(store, jobs, producers, payload, &what).await?;
+    checkpoint(store).await;
 
     let pb = bar(jobs, format!("drain (c={concurrency})"));
     let left = Arc::new(AtomicU64::new(jobs));
