@@ -450,49 +450,51 @@ async fn level(at: Stores<'_>, l: Level, payload: &serde_json::Value) -> anyhow:
     }
     let mut r = r?;
     if l.ceiling {
-        let (store, s) = at.get(1).await?;
-        let ceil = async {
-            fill(&store, at, jobs, l.producers, payload).await?;
-            checkpoint(&store).await;
-            let pb = bar(0, format!("ceiling drain (c={c})"));
-            let out =
-                bench_scale::cpu_per_job(jobs, bench_scale::ceiling(&store, QUEUE, jobs, c)).await;
-            pb.finish_and_clear();
-            anyhow::Ok(out)
-        }
-        .await;
-        if let Some(s) = s {
-            cleanup(s).await;
-        }
-        let (ceil, cpu) = ceil?;
-        let ceil = ceil?;
+        let ceiling = |s: Store| async move { bench_scale::ceiling(&s, QUEUE, jobs, c).await };
+        let (ceil, cpu) = after_store(at, 1, l, payload, "ceiling", ceiling).await?;
         r.ceiling_cpu_us_per_job = cpu;
         r.ceiling_drain_jobs_per_s = Some(ceil);
         r.store_vs_ceiling = Some(r.drain_jobs_per_s / ceil);
     }
-    let (store, s) = at.get(2).await?;
-    let rt = async {
-        fill(&store, at, jobs, l.producers, payload).await?;
+    let runtime = |s: Store| async move {
+        crate::cmd::bench_runtime::drain(&s, QUEUE, jobs, c * CLAIM_BATCH).await
+    };
+    let (rt, cpu) = after_store(at, 2, l, payload, "runtime", runtime).await?;
+    r.runtime_cpu_us_per_job = cpu;
+    r.runtime_drain_jobs_per_s = rt;
+    r.runtime_vs_store = rt / r.drain_jobs_per_s;
+    Ok(r)
+}
+
+/// The level's `k`th drain after the store-level one (`what`: ceiling or runtime): its
+/// store filled and checkpointed, `drain` timed (its jobs/s, and this process's µs of CPU
+/// per job), a fresh store cleaned up however it ends.
+async fn after_store<F, Fut>(
+    at: Stores<'_>,
+    k: u32,
+    l: Level,
+    payload: &serde_json::Value,
+    what: &str,
+    drain: F,
+) -> anyhow::Result<(f64, Option<f64>)>
+where
+    F: FnOnce(Store) -> Fut,
+    Fut: Future<Output = anyhow::Result<f64>>,
+{
+    let (store, s) = at.get(k).await?;
+    let out = async {
+        fill(&store, at, l.jobs, l.producers, payload).await?;
         checkpoint(&store).await;
-        let pb = bar(0, format!("runtime drain (c={c})"));
-        let out = bench_scale::cpu_per_job(
-            jobs,
-            crate::cmd::bench_runtime::drain(&store, QUEUE, jobs, c * CLAIM_BATCH),
-        )
-        .await;
+        let pb = bar(0, format!("{what} drain (c={})", l.concurrency));
+        let (rate, cpu) = bench_scale::cpu_per_job(l.jobs, drain(store.clone())).await;
         pb.finish_and_clear();
-        anyhow::Ok(out)
+        anyhow::Ok((rate?, cpu))
     }
     .await;
     if let Some(s) = s {
         cleanup(s).await;
     }
-    let (rt, cpu) = rt?;
-    let rt = rt?;
-    r.runtime_cpu_us_per_job = cpu;
-    r.runtime_drain_jobs_per_s = rt;
-    r.runtime_vs_store = rt / r.drain_jobs_per_s;
-    Ok(r)
+    out
 }
 
 /// The `jobs` a drain after the store-level one takes: on a fresh store enqueued as the
