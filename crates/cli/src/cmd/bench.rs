@@ -410,7 +410,8 @@ fn pct(v: &[f64], q: f64) -> f64 {
 enum Stores<'a> {
     /// Each drain on a fresh store of its own (scratch number `n` and up), filled the same
     /// way: the runtime drain that followed the store-level one on the same tables started
-    /// on its dead rows, and often under autovacuum, while the store-level drain never did.
+    /// on its finished rows and their dead versions (autovacuum free to start on them),
+    /// while the store-level drain never did.
     Fresh { db: &'a str, n: u32 },
     /// All on one store seeded with a backlog or history (too costly to seed for each).
     Seeded(&'a Store),

@@ -416,10 +416,10 @@ fn parse_cpu_ticks(stat: &str) -> Option<u64> {
 }
 
 /// Writes the database's dirty pages out before a timed drain (PostgreSQL `CHECKPOINT`,
-/// SQLite `wal_checkpoint(TRUNCATE)`), so that no drain inherits the one before it's
-/// checkpoint: a run writes a few hundred MB of WAL, and a checkpoint that the server
-/// starts on its own lands in whichever drain is running, slowing it by up to a third. The
-/// reason it could not when it fails (PostgreSQL wants a superuser or `pg_checkpoint`).
+/// SQLite `wal_checkpoint(TRUNCATE)`), so that no drain pays for the checkpoint its
+/// predecessors' writes made due: a run writes a few hundred MB of WAL, and a checkpoint the
+/// server starts on its own lands in whichever drain is running. The reason it could not
+/// when it fails (PostgreSQL wants a superuser or `pg_checkpoint`).
 pub(crate) async fn checkpoint(store: &Store) -> Result<(), String> {
     let r = match store {
         Store::Postgres(pg) => sqlx::query("CHECKPOINT").execute(pg.pool()).await.map(drop),
