@@ -485,7 +485,9 @@ impl Run {
             // The call was made and answered: what it says of the dependency (a probe's
             // verdict above all) still goes to the fleet.
             let now = self.shared.config.clock.now();
-            Box::pin(self.publish(claim.job, &called, class, None, now)).await;
+            if let Some(dep) = &claim.job.dependency {
+                Box::pin(self.publish(dep, &called, class, None, now)).await;
+            }
             lost_lease(&mut claim.summary);
             return Phase::End(Ok(claim.summary));
         }
@@ -509,8 +511,8 @@ impl Run {
             claim.last_decline = Some(declines::LastDecline::of(&advice, now));
             claim.declines_seen += 1;
         }
-        if job.dependency.is_some() {
-            Box::pin(self.publish(job, called, class, verdict.pause_until, now)).await;
+        if let Some(dep) = &job.dependency {
+            Box::pin(self.publish(dep, called, class, verdict.pause_until, now)).await;
         }
         let mut action = verdict.action;
         // A wait in process that would end while the dependency is still open or paused
@@ -533,17 +535,16 @@ impl Run {
         }
     }
 
-    /// A call's answer to the fleet: a probe's verdict, this process's failure window (an
-    /// opening), a `Retry-After` pause until `pause_until`.
+    /// A call's answer to the fleet about its dependency `dep`: a probe's verdict, this
+    /// process's failure window (an opening), a `Retry-After` pause until `pause_until`.
     async fn publish(
         &self,
-        job: &Job,
+        dep: &str,
         called: &Called,
         class: FailureClass,
         pause_until: Option<Timestamp>,
         now: Timestamp,
     ) {
-        let Some(dep) = &job.dependency else { return };
         let fleet = &self.shared.fleet;
         if let Err(e) =
             (fleet.record(dep, called.probe, class, called.took, pause_until, now)).await
