@@ -69,7 +69,7 @@ use std::time::Duration;
 
 use ops::Backend as _;
 
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, ClockSample, ManualClock, OffsetClock, SystemClock, best_offset};
 pub use error::{Result, StoreError};
 pub use insights::{AttemptBucket, DeadGroup, DeadReasonCount, MAX_DEAD_SCAN, error_signature};
 pub use model::{

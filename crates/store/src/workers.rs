@@ -36,6 +36,9 @@ pub struct WorkerInfo {
     pub started_at: Timestamp,
     /// Its last heartbeat.
     pub last_seen: Timestamp,
+    /// The offset of its clock to the database's (database − local) in milliseconds, as it
+    /// last measured it; `None` when it does not measure it (its clock is not synced).
+    pub clock_offset_ms: Option<i64>,
 }
 
 impl WorkerInfo {
@@ -70,6 +73,7 @@ struct WorkerRow {
     concurrency: i64,
     started_at: i64,
     last_seen: i64,
+    clock_offset_ms: Option<i64>,
 }
 
 impl WorkerRow {
@@ -91,20 +95,23 @@ impl WorkerRow {
                 .map_err(|e| corrupt("worker concurrency", e.to_string()))?,
             started_at: from_millis(self.started_at),
             last_seen: from_millis(self.last_seen),
+            clock_offset_ms: self.clock_offset_ms,
         })
     }
 }
 
-const WORKER_COLS: &str = "name, host, pid, queues, kinds, concurrency, started_at, last_seen";
+const WORKER_COLS: &str =
+    "name, host, pid, queues, kinds, concurrency, started_at, last_seen, clock_offset_ms";
 
 const UPSERT: &str = "INSERT INTO redrive_workers \
-    (name, host, pid, queues, kinds, concurrency, started_at, last_seen) \
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (name) DO UPDATE SET \
+    (name, host, pid, queues, kinds, concurrency, started_at, last_seen, clock_offset_ms) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (name) DO UPDATE SET \
     host = excluded.host, pid = excluded.pid, queues = excluded.queues, kinds = excluded.kinds, \
     concurrency = excluded.concurrency, started_at = excluded.started_at, \
-    last_seen = excluded.last_seen";
+    last_seen = excluded.last_seen, clock_offset_ms = excluded.clock_offset_ms";
 
-const BEAT: &str = "UPDATE redrive_workers SET last_seen = $2 WHERE name = $1";
+const BEAT: &str = "UPDATE redrive_workers SET last_seen = $2, \
+    clock_offset_ms = COALESCE($3, clock_offset_ms) WHERE name = $1";
 const REMOVE: &str = "DELETE FROM redrive_workers WHERE name = $1";
 const EXPIRE: &str = "DELETE FROM redrive_workers WHERE last_seen < $1";
 const WAITING: &str = "SELECT queue, kind, COUNT(*) AS n, MIN(run_at) AS oldest FROM redrive_jobs \
@@ -157,6 +164,7 @@ impl Store {
                 .bind(i64::from(w.concurrency))
                 .bind(millis(w.started_at))
                 .bind(millis(now))
+                .bind(w.clock_offset_ms)
                 .execute(pool)
                 .await?;
         });
@@ -166,10 +174,22 @@ impl Store {
     /// A worker's heartbeat: its row is seen at `now`. `false` when the row is gone (it was
     /// deleted as stale, or never registered): register again.
     pub async fn worker_heartbeat(&self, name: &str, now: Timestamp) -> Result<bool> {
+        self.worker_heartbeat_offset(name, now, None).await
+    }
+
+    /// [`Store::worker_heartbeat`] that also stores the worker's latest measured clock
+    /// offset ([`WorkerInfo::clock_offset_ms`]; `None` keeps the stored one).
+    pub async fn worker_heartbeat_offset(
+        &self,
+        name: &str,
+        now: Timestamp,
+        clock_offset_ms: Option<i64>,
+    ) -> Result<bool> {
         let n = on_pool!(self, pool => {
             sqlx::query(BEAT)
                 .bind(name)
                 .bind(millis(now))
+                .bind(clock_offset_ms)
                 .execute(pool)
                 .await?
                 .rows_affected()
@@ -186,8 +206,10 @@ impl Store {
     }
 
     /// The live workers, by name. Rows not seen for [`WORKER_STALE_AFTER`] before `now` are
-    /// left out and deleted (a write only when there are such rows: the dashboard reads this
-    /// every few seconds).
+    /// left out and deleted. Workers write `last_seen` in the database's clock (R24): pass
+    /// `now` in that clock too ([`Store::db_time`]), or a host whose clock is off would see
+    /// live workers as gone. The stale rows are deleted with a write only when there are
+    /// such rows: the dashboard reads this every few seconds.
     pub async fn workers(&self, now: Timestamp) -> Result<Vec<WorkerInfo>> {
         let cutoff = millis(now).saturating_sub(crate::model::dur_ms(WORKER_STALE_AFTER));
         let q = format!("SELECT {WORKER_COLS} FROM redrive_workers ORDER BY name");

@@ -246,6 +246,7 @@ mod cases {
             concurrency: 4,
             started_at: t0,
             last_seen: t0,
+            clock_offset_ms: None,
         };
         assert!(s.workers(t0).await.unwrap().is_empty());
         for (q, k) in [
@@ -3049,6 +3050,120 @@ mod declines {
             let (other, _) = s.quota_use("fp_5", &rules, ms(T0)).await.unwrap();
             assert!(other.iter().all(|w| w.used == 0 && w.frees_at.is_none()));
             assert_eq!(other.len(), 2);
+        }
+    }
+}
+
+/// One clock for shared decisions (R24): leases are compared in the database's clock, which
+/// a process reaches through its measured offset ([`Store::clock_offset`]).
+mod db_clock {
+    use super::*;
+
+    both_backends!(
+        a_claimer_ahead_by_half_the_lease_rescues_nothing_alive_through_the_db_clock,
+        the_registry_keeps_each_workers_clock_offset,
+    );
+
+    mod cases {
+        use super::*;
+        use std::sync::Arc;
+
+        /// A live worker's lease, claimed (in the database's clock) 4 s of a 6 s lease ago:
+        /// 2 s left. A claimer whose own clock is 3 s ahead (half the lease) rescues nothing
+        /// through its offset to the database; by its own clock, it would have taken the job
+        /// from the live worker (the control).
+        pub(crate) async fn a_claimer_ahead_by_half_the_lease_rescues_nothing_alive_through_the_db_clock(
+            s: &Store,
+        ) {
+            let lease = Duration::from_secs(6);
+            let db_now = s.db_time().await.unwrap();
+            let host = (Utc::now() - db_now).num_milliseconds().abs();
+            assert!(host < 5_000, "the database's clock is {host} ms from ours");
+            let claimed_at = db_now - chrono::Duration::seconds(4);
+            let job = s.enqueue(&job("q"), claimed_at).await.unwrap().job;
+            let mut p = claim_params("q", 1, claimed_at);
+            p.lease = lease;
+            let claimed = s.claim(&p).await.unwrap();
+            assert_eq!(claimed.len(), 1);
+            let ahead: Arc<dyn Clock> = Arc::new(OffsetClock::new(
+                Arc::new(SystemClock),
+                chrono::Duration::seconds(3),
+            ));
+            let (offset, rtt) = s.clock_offset(&*ahead, 3).await.unwrap();
+            let error = (offset + chrono::Duration::seconds(3))
+                .num_milliseconds()
+                .abs();
+            assert!(
+                error <= 1_000 + rtt.num_milliseconds(),
+                "offset {offset} for a clock 3 s ahead (round trip {rtt})"
+            );
+            // Through the database's clock: the lease has about 2 s left.
+            let synced = ahead.now() + offset;
+            assert!(s.rescue(synced, 10).await.unwrap().is_empty());
+            let j = s.get(job.id).await.unwrap().unwrap();
+            assert_eq!(
+                (j.state, j.lease_token),
+                (JobState::Running, claimed[0].lease_token)
+            );
+            // The control: by its own clock, the lease ran out a second ago.
+            let rescued = s.rescue(ahead.now(), 10).await.unwrap();
+            assert_eq!(
+                rescued.iter().map(|r| r.id).collect::<Vec<_>>(),
+                [job.id],
+                "an unsynced clock 3 s ahead takes the live lease"
+            );
+        }
+
+        /// The registry stores each worker's measured offset: at registration, at each beat
+        /// that brings one, kept by a beat that does not.
+        pub(crate) async fn the_registry_keeps_each_workers_clock_offset(s: &Store) {
+            let now = ms(s.db_time().await.unwrap().timestamp_millis());
+            let w = WorkerInfo {
+                name: "skewed".into(),
+                host: "h".into(),
+                pid: 1,
+                queues: vec![],
+                kinds: Kinds::Any,
+                concurrency: 1,
+                started_at: now,
+                last_seen: now,
+                clock_offset_ms: Some(-3_000),
+            };
+            let unsynced = WorkerInfo {
+                name: "unsynced".into(),
+                clock_offset_ms: None,
+                ..w.clone()
+            };
+            s.register_worker(&w, now).await.unwrap();
+            s.register_worker(&unsynced, now).await.unwrap();
+            let offsets = |ws: Vec<WorkerInfo>| -> Vec<(String, Option<i64>)> {
+                ws.into_iter()
+                    .map(|w| (w.name, w.clock_offset_ms))
+                    .collect()
+            };
+            assert_eq!(
+                offsets(s.workers(now).await.unwrap()),
+                [("skewed".into(), Some(-3_000)), ("unsynced".into(), None)]
+            );
+            let later = now + chrono::Duration::seconds(10);
+            assert!(
+                s.worker_heartbeat_offset("skewed", later, Some(-2_950))
+                    .await
+                    .unwrap()
+            );
+            assert!(s.worker_heartbeat("unsynced", later).await.unwrap());
+            let got = s.workers(later).await.unwrap();
+            assert_eq!(
+                offsets(got.clone()),
+                [("skewed".into(), Some(-2_950)), ("unsynced".into(), None)]
+            );
+            assert_eq!(got[0].last_seen, later);
+            // A beat without a new measurement keeps the last one.
+            assert!(s.worker_heartbeat("skewed", later).await.unwrap());
+            assert_eq!(
+                s.workers(later).await.unwrap()[0].clock_offset_ms,
+                Some(-2_950)
+            );
         }
     }
 }
