@@ -12,6 +12,9 @@
 //!   attempt, and the claim query does not even pick them.
 //! - **Graceful shutdown**: [`Worker::run`] with a cancellation token.
 //! - **Metrics** under stable names ([`metrics`]), a tracing span per attempt.
+//! - **One clock** ([`DbClock`]): by default every time a worker writes to shared rows or
+//!   compares with them (leases, pauses, cool-downs, ticks) is in the database's clock, through
+//!   its measured offset, so a host whose clock is off steals no lease (R24).
 //! - **Retention and periodic jobs**: with [`WorkerBuilder::retention`] the worker prunes
 //!   finished jobs (one pruner per fleet, by a lease in the store, in small paced batches);
 //!   it fires the store's schedules at each tick (on by default; [`WorkerBuilder::scheduler`]).
@@ -39,6 +42,7 @@
 //! ```
 
 mod clock;
+mod clock_sync;
 mod completer;
 mod db;
 mod declines;
@@ -50,12 +54,15 @@ pub mod trace;
 mod worker;
 
 pub use clock::TokioClock;
+pub use clock_sync::{
+    CLOCK_SAMPLES, CLOCK_WARN_CHANGE, CLOCK_WARN_OFFSET, DEFAULT_CLOCK_SYNC, DbClock,
+};
 pub use handler::{Attempted, Handler, JobContext, Noop, StatusAnswer, typed};
 pub use maintenance::{Retention, SCHEDULER_CHECK, prune};
 pub use worker::{
     ConfigError, DEFAULT_CLAIM_BATCH, DEFAULT_CLAIM_LINGER, DEFAULT_CONCURRENCY,
     DEFAULT_DEPENDENCY_REFRESH, DEFAULT_GAUGE_INTERVAL, DEFAULT_LEASE, DEFAULT_POLL_INTERVAL,
-    DEFAULT_RESCUE_INTERVAL, DEFAULT_SEED, DEFAULT_SHUTDOWN_GRACE, MAX_CONCURRENCY, MIN_HEARTBEAT,
-    MIN_LEASE, MIN_POLL_INTERVAL, MIN_REGISTRY_HEARTBEAT, MIN_RESCUE_INTERVAL, PoolHealth,
-    REGISTRY_HEARTBEAT, RuntimeError, Summary, Worker, WorkerBuilder,
+    DEFAULT_RESCUE_INTERVAL, DEFAULT_SEED, DEFAULT_SHUTDOWN_GRACE, MAX_CONCURRENCY, MIN_CLOCK_SYNC,
+    MIN_HEARTBEAT, MIN_LEASE, MIN_POLL_INTERVAL, MIN_REGISTRY_HEARTBEAT, MIN_RESCUE_INTERVAL,
+    PoolHealth, REGISTRY_HEARTBEAT, RuntimeError, Summary, Worker, WorkerBuilder,
 };

@@ -8,6 +8,7 @@ use redrive_policy::{PolicySet, RetryPolicy};
 use redrive_store::{Clock, Store, SystemClock};
 
 use super::{AuthGate, PoolHealth, Shared, Worker};
+use crate::clock_sync::{DEFAULT_CLOCK_SYNC, DbClock};
 use crate::db::Db;
 use crate::fleet::Fleet;
 use crate::handler::Handler;
@@ -35,6 +36,11 @@ pub struct WorkerBuilder {
     pub(super) name: String,
     pub(super) max_jobs: Option<u64>,
     pub(super) clock: Arc<dyn Clock>,
+    /// Whether this worker measures its clock's offset to the database (at start and every
+    /// `clock_sync`): then `clock` is `db_clock` after `build`.
+    pub(super) sync_clock: bool,
+    pub(super) db_clock: Option<Arc<DbClock>>,
+    pub(super) clock_sync: Duration,
     pub(super) store_runtime: Option<tokio::runtime::Handle>,
     // Retention and periodic jobs (crate::maintenance).
     pub(super) retention: Option<crate::Retention>,
@@ -77,6 +83,9 @@ pub const MIN_RESCUE_INTERVAL: Duration = Duration::from_millis(10);
 pub const DEFAULT_GAUGE_INTERVAL: Duration = Duration::from_secs(5);
 /// How old a cached dependency row may be, by default ([`WorkerBuilder::dependency_refresh`]).
 pub const DEFAULT_DEPENDENCY_REFRESH: Duration = Duration::from_millis(20);
+/// The shortest interval between two measurements of the clock's offset
+/// ([`WorkerBuilder::clock_sync_interval`]).
+pub const MIN_CLOCK_SYNC: Duration = Duration::from_millis(100);
 /// Seed of the jitter RNGs by default ([`WorkerBuilder::seed`]).
 pub const DEFAULT_SEED: u64 = 0x5eed;
 
@@ -138,6 +147,9 @@ impl WorkerBuilder {
             ),
             max_jobs: None,
             clock: Arc::new(SystemClock),
+            sync_clock: true,
+            db_clock: None,
+            clock_sync: DEFAULT_CLOCK_SYNC,
             store_runtime: None,
             retention: None,
             scheduler: Some(crate::SCHEDULER_CHECK),
@@ -276,12 +288,45 @@ impl WorkerBuilder {
         self.max_jobs = n;
         self
     }
-    /// The clock (tests use [`crate::TokioClock`]).
+    /// The local clock (tests use [`crate::TokioClock`]). A clock set here is used as it is,
+    /// not synced to the database's: call [`WorkerBuilder::sync_clock`] after this to sync it.
     ///
     /// # Default
-    /// The system clock.
+    /// The system clock, synced to the database's ([`WorkerBuilder::sync_clock`]).
     pub fn clock(mut self, c: Arc<dyn Clock>) -> Self {
         self.clock = c;
+        self.sync_clock = false;
+        self.db_clock = None;
+        self
+    }
+    /// Whether the worker reads time in the database's clock (R24): a [`DbClock`] over the
+    /// local clock, measured when the run starts and every
+    /// [`WorkerBuilder::clock_sync_interval`]. Every lease, pause, cool-down, tick and rate
+    /// limit it writes, and every expiry it judges, is then in the clock the whole fleet
+    /// shares, so a host whose clock is off by seconds steals no live lease.
+    ///
+    /// # Default
+    /// On with the default clock; off once [`WorkerBuilder::clock`] sets one.
+    pub fn sync_clock(mut self, on: bool) -> Self {
+        self.sync_clock = on;
+        self
+    }
+    /// Reads time from a [`DbClock`] the process shares (the API of `redrive serve` and its
+    /// workers use one). The worker measures it at start if it never was; keeping it measured
+    /// is its owner's ([`DbClock::spawn_sync`]) unless [`WorkerBuilder::sync_clock`] is set
+    /// after this.
+    pub fn db_clock(mut self, c: Arc<DbClock>) -> Self {
+        self.clock = c.clone();
+        self.db_clock = Some(c);
+        self.sync_clock = false;
+        self
+    }
+    /// How often a synced clock measures its offset again (at least [`MIN_CLOCK_SYNC`]).
+    ///
+    /// # Default
+    /// [`DEFAULT_CLOCK_SYNC`] (15 s).
+    pub fn clock_sync_interval(mut self, d: Duration) -> Self {
+        self.clock_sync = d;
         self
     }
     /// Runs every store call on this runtime, from a blocking thread. Only for tests under
@@ -341,6 +386,7 @@ impl WorkerBuilder {
                 Some(self.registry_heartbeat),
                 MIN_REGISTRY_HEARTBEAT,
             ),
+            ("clock_sync_interval", Some(self.clock_sync), MIN_CLOCK_SYNC),
         ];
         for (field, value, min) in durations {
             if let Some(value) = value.filter(|v| *v < min) {
@@ -355,8 +401,13 @@ impl WorkerBuilder {
     ///
     /// # Errors
     /// [`ConfigError`] naming the first setting out of its bounds, its value and the bound.
-    pub fn build(self) -> Result<Worker, ConfigError> {
+    pub fn build(mut self) -> Result<Worker, ConfigError> {
         self.validate()?;
+        if self.sync_clock && self.db_clock.is_none() {
+            let synced = Arc::new(DbClock::new(self.clock.clone()));
+            self.clock = synced.clone();
+            self.db_clock = Some(synced);
+        }
         let db = Db::new(self.store.clone(), self.store_runtime.clone());
         let fleet = Fleet::new(
             db.clone(),
@@ -427,7 +478,7 @@ mod tests {
     #[tokio::test]
     async fn each_duration_has_its_minimum() {
         type Set = fn(WorkerBuilder, Duration) -> WorkerBuilder;
-        let cases: [(&str, Set, Duration); 5] = [
+        let cases: [(&str, Set, Duration); 6] = [
             ("lease", WorkerBuilder::lease, MIN_LEASE),
             ("heartbeat", WorkerBuilder::heartbeat, MIN_HEARTBEAT),
             (
@@ -444,6 +495,11 @@ mod tests {
                 "registry_heartbeat",
                 WorkerBuilder::registry_heartbeat,
                 MIN_REGISTRY_HEARTBEAT,
+            ),
+            (
+                "clock_sync_interval",
+                WorkerBuilder::clock_sync_interval,
+                MIN_CLOCK_SYNC,
             ),
         ];
         for (field, set, min) in cases {

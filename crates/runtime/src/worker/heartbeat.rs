@@ -1,7 +1,7 @@
 //! The two background loops of a worker: the lease heartbeat of each claim and the worker's
 //! row in the registry of live workers.
 
-use redrive_store::{Job, Timestamp};
+use redrive_store::{Job, Timestamp, WorkerInfo};
 use tokio_util::sync::CancellationToken;
 
 use super::{Run, Worker};
@@ -18,15 +18,21 @@ impl Worker {
             let mut registered = false;
             loop {
                 let now = config.clock.now();
+                let offset = worker.clock_offset_ms();
                 let r = if registered {
                     let name = info.name.clone();
                     worker
                         .shared
                         .db
-                        .run(move |s| async move { s.worker_heartbeat(&name, now).await })
+                        .run(move |s| async move {
+                            s.worker_heartbeat_offset(&name, now, offset).await
+                        })
                         .await
                 } else {
-                    let info = info.clone();
+                    let info = WorkerInfo {
+                        clock_offset_ms: offset,
+                        ..info.clone()
+                    };
                     worker
                         .shared
                         .db

@@ -164,7 +164,14 @@ impl Worker {
             concurrency: u32::try_from(config.concurrency).unwrap_or(u32::MAX),
             started_at: now,
             last_seen: now,
+            clock_offset_ms: self.clock_offset_ms(),
         }
+    }
+
+    /// The measured offset of this worker's clock to the database's, in milliseconds (`None`
+    /// when its clock is not synced, or not measured yet).
+    fn clock_offset_ms(&self) -> Option<i64> {
+        self.shared.config.db_clock.as_ref()?.offset_ms()
     }
 
     /// Whether this worker's pool is running (see [`PoolHealth`]).
@@ -197,11 +204,31 @@ impl Worker {
         until_idle: bool,
     ) -> Result<Summary, RuntimeError> {
         let registry_stop = CancellationToken::new();
+        let sync = self.start_clock(&registry_stop).await;
         let registry = self.spawn_registry(registry_stop.clone());
         let r = self.run_loop(stop, until_idle).await;
         registry_stop.cancel();
         let _ = registry.await;
+        if let Some(sync) = sync {
+            let _ = sync.await;
+        }
         r
+    }
+
+    /// Measures the synced clock's offset before the first claim (if this worker syncs it, or
+    /// it never was), and with [`WorkerBuilder::sync_clock`] keeps measuring it until `stop`.
+    /// A failure is logged: the clock reads the local time until a measurement succeeds.
+    async fn start_clock(&self, stop: &CancellationToken) -> Option<tokio::task::JoinHandle<()>> {
+        let config = &self.shared.config;
+        let clock = config.db_clock.clone()?;
+        if (config.sync_clock || clock.offset().is_none())
+            && let Err(e) = clock.sync_on(&self.shared.db).await
+        {
+            tracing::warn!("measuring the clock's offset to the database failed: {e}");
+        }
+        config
+            .sync_clock
+            .then(|| clock.spawn_sync_on(self.shared.db.clone(), config.clock_sync, stop.clone()))
     }
 }
 
