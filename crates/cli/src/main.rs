@@ -11,6 +11,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 mod args;
+mod clock;
 mod cmd;
 mod error;
 mod out;

@@ -247,7 +247,7 @@ pub(crate) async fn create_job(
     body: Body,
 ) -> Result<Response, ApiError> {
     let body = read_body(body).await?;
-    let now = chrono::Utc::now();
+    let now = state.now();
     // The layer has validated the header already; its parsed form drops the optional quotes.
     let header_key = redrive_idempotency::parse_key(&headers).ok().flatten();
     let mut job = parse_enqueue(&state, &body, header_key.as_ref().map(|k| k.as_str()), now)?;
@@ -563,7 +563,7 @@ pub(crate) async fn breaker_views(store: &Store) -> Result<Vec<BreakerView>, Api
 )]
 pub(crate) async fn stats(State(state): State<AppState>) -> Result<Json<StatsResponse>, ApiError> {
     let counts = state.inner.store.counts().await?;
-    let unhandled = state.inner.store.unhandled(chrono::Utc::now()).await?;
+    let unhandled = state.inner.store.unhandled(state.now()).await?;
     Ok(Json(StatsResponse {
         counts: counts.into_iter().map(CountView::from).collect(),
         breakers: breaker_views(&state.inner.store).await?,
@@ -584,7 +584,7 @@ pub(crate) async fn stats(State(state): State<AppState>) -> Result<Json<StatsRes
 pub(crate) async fn workers(
     State(state): State<AppState>,
 ) -> Result<Json<WorkersResponse>, ApiError> {
-    let workers = state.inner.store.workers(chrono::Utc::now()).await?;
+    let workers = state.inner.store.workers(state.now()).await?;
     Ok(Json(WorkersResponse {
         workers: workers.into_iter().map(WorkerView::from).collect(),
         stale_after_seconds: redrive_store::WORKER_STALE_AFTER.as_secs(),

@@ -220,7 +220,7 @@ async fn set_queue(
     pause: bool,
     who: &Actor,
 ) -> Result<QueueStateView, ApiError> {
-    let now = Utc::now();
+    let now = state.now();
     let changed = if pause {
         state.inner.store.pause_queue(queue, who, now).await?
     } else {
@@ -337,7 +337,7 @@ pub(crate) async fn operate(
     let d = state
         .inner
         .store
-        .operate_dependency(name, op, who, Utc::now())
+        .operate_dependency(name, op, who, state.now())
         .await?;
     view_of(state, d).await
 }
@@ -375,7 +375,7 @@ pub(crate) async fn pause_dependency(
             ));
         }
     }
-    let until = pause_end(req.until.as_deref(), req.for_.as_deref(), Utc::now())?;
+    let until = pause_end(req.until.as_deref(), req.for_.as_deref(), state.now())?;
     let who = actor(who.as_ref().map(|e| &e.0), "api");
     Ok(Json(
         operate(&state, &name, DependencyOp::Pause { until }, &who).await?,
@@ -461,7 +461,7 @@ pub(crate) async fn run_now_one(
             &JobFilter::ids(vec![id]),
             who,
             false,
-            Utc::now(),
+            state.now(),
         )
         .await?;
     let job = store
@@ -551,7 +551,7 @@ pub(crate) async fn bulk(
     let out = state
         .inner
         .store
-        .bulk(action, &filter, &who, req.dry_run, Utc::now())
+        .bulk(action, &filter, &who, req.dry_run, state.now())
         .await?;
     Ok(Json(BulkResponse {
         action: action.as_str().into(),

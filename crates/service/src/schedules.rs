@@ -249,7 +249,7 @@ pub(crate) async fn upsert(
             .to_owned();
         ApiError::bad_field(field, "", format!("the body is not a schedule: {msg}"))
     })?;
-    let now = chrono::Utc::now();
+    let now = state.now();
     let spec =
         schedule_spec(&state.inner.policies, &r, now).map_err(crate::api::enqueue_problem)?;
     let (sched, created) = state.inner.store.upsert_schedule(&spec, "api", now).await?;

@@ -151,7 +151,8 @@ pub struct AppConfig {
     pub session_ttl: Duration,
     /// Connection limits of [`serve_listener`](crate::serve_listener).
     pub connections: ConnLimits,
-    /// The clock of sessions and the login limit (`None`: the system clock).
+    /// The clock of sessions, the login limit and every time the API writes to shared rows
+    /// (`None`: the system clock; `redrive serve` passes one synced to the database's).
     pub clock: Option<Arc<dyn Clock>>,
     /// How long a `POST /v1/jobs` whose process vanished holds its `Idempotency-Key` before a
     /// repeat takes it over and enqueues again (the layer's lease; a live request extends it
@@ -221,6 +222,10 @@ pub struct AppState {
 
 pub(crate) struct Inner {
     pub(crate) store: Store,
+    /// The clock of every time written to shared rows (enqueues, pauses, run-now, bulk
+    /// actions, schedules), the sessions and the login limit: `redrive serve` passes one
+    /// synced to the database's (R24).
+    pub(crate) clock: Arc<dyn Clock>,
     pub(crate) policies: PolicySet,
     /// The accepted tokens; `None`: the service is open.
     pub(crate) token: Option<Tokens>,
@@ -251,6 +256,11 @@ impl fmt::Debug for AppState {
 }
 
 impl AppState {
+    /// Now, by the service's clock ([`AppConfig::clock`]).
+    pub(crate) fn now(&self) -> redrive_store::Timestamp {
+        self.inner.clock.now()
+    }
+
     /// Builds the state: prepares the idempotency table in the store's own database (the
     /// SQLite writer pool, or the PostgreSQL pool with its schema), so one database holds both.
     ///
@@ -330,7 +340,8 @@ impl AppState {
                 write_probe: tokio::sync::Mutex::new(None),
                 front_door: FrontDoor { public_hosts },
                 sessions: Sessions::new(config.session_ttl, clock.clone()),
-                logins: LoginLimiter::new(clock),
+                logins: LoginLimiter::new(clock.clone()),
+                clock,
                 cookie_secure: config.cookie_secure,
                 metrics_public: config.metrics_public,
                 connections: limits,

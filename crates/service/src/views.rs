@@ -489,6 +489,9 @@ pub struct WorkerView {
     pub started_at: DateTime<Utc>,
     /// Its last heartbeat.
     pub last_seen: DateTime<Utc>,
+    /// The offset of its host's clock to the database's (database − host) in milliseconds,
+    /// as it last measured it (`null`: its clock is not synced to the database's).
+    pub clock_offset_ms: Option<i64>,
 }
 
 impl From<redrive_store::WorkerInfo> for WorkerView {
@@ -502,6 +505,7 @@ impl From<redrive_store::WorkerInfo> for WorkerView {
             concurrency: w.concurrency,
             started_at: w.started_at,
             last_seen: w.last_seen,
+            clock_offset_ms: w.clock_offset_ms,
         }
     }
 }

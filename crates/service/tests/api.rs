@@ -921,6 +921,7 @@ async fn workers_and_unhandled_kinds_in_the_api() {
                 concurrency: 4,
                 started_at: now,
                 last_seen: now,
+                clock_offset_ms: None,
             },
             now,
         )

@@ -514,6 +514,7 @@ async fn workers_page_lists_live_workers_and_flags_unhandled_kinds() {
                 concurrency: 2,
                 started_at: now,
                 last_seen: now,
+                clock_offset_ms: None,
             },
             now,
         )
@@ -549,6 +550,7 @@ async fn workers_page_lists_live_workers_and_flags_unhandled_kinds() {
                 concurrency: 1,
                 started_at: now,
                 last_seen: now,
+                clock_offset_ms: None,
             },
             now,
         )

@@ -579,10 +579,26 @@ pub(crate) fn kinds_text(k: &redrive_store::Kinds) -> String {
     }
 }
 
+/// How a worker's host clock is shown against the database's: `3.000s ahead`, `0.250s
+/// behind`, `in sync` (within a millisecond), or `unsynced` (not measured). The stored offset
+/// is database − host: a host ahead has a negative one.
+fn clock_text(offset_ms: Option<i64>) -> String {
+    match offset_ms {
+        None => "unsynced".into(),
+        Some(0) => "in sync".into(),
+        Some(ms) => format!(
+            "{:.3}s {}",
+            ms.unsigned_abs() as f64 / 1000.0,
+            if ms < 0 { "ahead" } else { "behind" }
+        ),
+    }
+}
+
 pub(crate) fn workers(global: &Global, a: JsonArgs) -> anyhow::Result<ExitCode> {
     block_on(async move {
         let store = open_existing(global).await?;
-        let now = chrono::Utc::now();
+        // Workers write `last_seen` in the database's clock: judge it in that clock too.
+        let now = store.db_time().await?;
         let workers = store.workers(now).await?;
         let stale = redrive_store::WORKER_STALE_AFTER.as_secs();
         if a.json {
@@ -595,14 +611,15 @@ pub(crate) fn workers(global: &Global, a: JsonArgs) -> anyhow::Result<ExitCode> 
             return Ok(ExitCode::SUCCESS);
         }
         outln!(
-            "{:<28} {:<16} {:>8} {:<16} {:<16} {:>5}  {:<20} LAST SEEN",
+            "{:<28} {:<16} {:>8} {:<16} {:<16} {:>5}  {:<20} {:<14} LAST SEEN",
             "NAME",
             "HOST",
             "PID",
             "QUEUES",
             "KINDS",
             "CONC",
-            "STARTED"
+            "STARTED",
+            "CLOCK"
         );
         for w in &workers {
             let queues = if w.queues.is_empty() {
@@ -611,7 +628,7 @@ pub(crate) fn workers(global: &Global, a: JsonArgs) -> anyhow::Result<ExitCode> 
                 w.queues.join(",")
             };
             outln!(
-                "{:<28} {:<16} {:>8} {:<16} {:<16} {:>5}  {:<20} {}s ago",
+                "{:<28} {:<16} {:>8} {:<16} {:<16} {:>5}  {:<20} {:<14} {}s ago",
                 truncate(&w.name, 28),
                 truncate(&w.host, 16),
                 w.pid,
@@ -619,6 +636,7 @@ pub(crate) fn workers(global: &Global, a: JsonArgs) -> anyhow::Result<ExitCode> 
                 truncate(&kinds_text(&w.kinds), 16),
                 w.concurrency,
                 w.started_at.format("%Y-%m-%d %H:%M:%S"),
+                clock_text(w.clock_offset_ms),
                 (now - w.last_seen).num_seconds().max(0)
             );
         }

@@ -2,12 +2,14 @@
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context;
 use redrive_http::HttpJob;
 use redrive_policy::StatusTable;
-use redrive_runtime::Worker;
+use redrive_runtime::{DEFAULT_CLOCK_SYNC, DbClock, Worker};
 use redrive_service::{ApiToken, AppConfig, ConnLimits, ReadyCheck, ServiceConfig, ServiceError};
+use redrive_store::Clock;
 use tokio_util::sync::CancellationToken;
 
 use crate::args::{Global, ServeArgs};
@@ -34,8 +36,24 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
     let (set, egress) = policies::load_for_workers(global, &a.egress)?;
     let http = HttpJob::with_egress(StatusTable::default(), egress)?;
     let alerts = policies::load_alerts(global)?;
+    let clock_setup = crate::clock::ClockSetup::from_env()?;
     block_on(async move {
         let store = open(global).await?;
+        // One clock for the API's writes and the worker pool, in the database's time (R24),
+        // measured before the first request and kept measured until shutdown.
+        let stop = CancellationToken::new();
+        let db_clock = Arc::new(DbClock::new(clock_setup.local.clone()));
+        let clock: Arc<dyn Clock> = if clock_setup.sync {
+            if let Err(e) = db_clock.sync(&store).await {
+                tracing::warn!("measuring the clock's offset to the database failed: {e}");
+            }
+            db_clock
+                .clone()
+                .spawn_sync(store.clone(), DEFAULT_CLOCK_SYNC, stop.clone());
+            db_clock.clone()
+        } else {
+            clock_setup.local.clone()
+        };
         crate::cmd::schedule::upsert_file_schedules(global, &store).await?;
         let prometheus = redrive_runtime::metrics::prometheus_builder()
             .context("configuring the Prometheus histograms")?
@@ -45,7 +63,6 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
         // `--workers N`: a worker pool in this process over the `--queue`s (default: every
         // queue) for the `--kind`s (default: the built-in ones); without it the service only
         // enqueues and shows, and workers run elsewhere (`redrive work`, your own).
-        let stop = CancellationToken::new();
         let mut ready_checks = Vec::new();
         // The gauges that need the database: one task, at `--metrics-refresh`; a scrape of
         // /metrics only renders (the worker pool below publishes none of its own).
@@ -61,6 +78,11 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
             .policies(set.clone())
             .concurrency(a.workers as usize)
             .gauge_interval(None);
+            let w = if clock_setup.sync {
+                w.db_clock(db_clock.clone())
+            } else {
+                w.clock(clock_setup.local.clone())
+            };
             let w = crate::cmd::schedule::housekeeping(w, &a.housekeeping).build()?;
             let health = w.health();
             let run = {
@@ -100,6 +122,7 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
                 },
                 idempotency_recovery_window: Some(a.idempotency_recovery_window),
                 ready_checks,
+                clock: Some(clock),
                 ..AppConfig::default()
             },
         };

@@ -64,6 +64,7 @@ pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
     let (set, egress) = policies::load_for_workers(global, &a.egress)?;
     let http = HttpJob::with_egress(StatusTable::default(), egress)?;
     let alerts = policies::load_alerts(global)?;
+    let clock = crate::clock::ClockSetup::from_env()?;
     block_on(async move {
         if let Some(addr) = a.metrics_addr {
             redrive_runtime::metrics::prometheus_builder()
@@ -84,6 +85,9 @@ pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
             .shutdown_grace(a.shutdown_grace)
             .lease(a.lease)
             .max_jobs(a.max_jobs)
+            // Times written to shared rows in the database's clock (R24).
+            .clock(clock.local)
+            .sync_clock(clock.sync)
             // The gauges that need the database, from the pool's loop (one task).
             .gauge_interval(Some(a.metrics_refresh));
         let worker = crate::cmd::schedule::housekeeping(worker, &a.housekeeping).build()?;

@@ -66,7 +66,7 @@ pub(super) async fn queue_pause(
     state
         .inner
         .store
-        .pause_queue(&queue, &actor(&who), Utc::now())
+        .pause_queue(&queue, &actor(&who), state.now())
         .await?;
     Ok(Redirect::to("/").into_response())
 }
@@ -81,7 +81,7 @@ pub(super) async fn queue_resume(
     state
         .inner
         .store
-        .resume_queue(&queue, &actor(&who), Utc::now())
+        .resume_queue(&queue, &actor(&who), state.now())
         .await?;
     Ok(Redirect::to("/").into_response())
 }
@@ -114,7 +114,7 @@ pub(super) async fn dependency_pause(
     auth::same_origin(&headers)?;
     let pairs = form_pairs(body).await?;
     let get = |k: &str| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
-    let until = crate::operator::pause_end(get("until"), get("for"), Utc::now())?;
+    let until = crate::operator::pause_end(get("until"), get("for"), state.now())?;
     crate::operator::operate(&state, &name, DependencyOp::Pause { until }, &actor(&who)).await?;
     Ok(Redirect::to("/breakers").into_response())
 }
@@ -166,7 +166,7 @@ pub(super) async fn bulk_action(
     let out = state
         .inner
         .store
-        .bulk(action, &filter, &actor(&who), dry_run, Utc::now())
+        .bulk(action, &filter, &actor(&who), dry_run, state.now())
         .await?;
     let verb = action.as_str().replace('_', " ");
     let body = html! {

@@ -5,7 +5,6 @@ use axum::body::Body;
 use axum::extract::{RawQuery, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
-use chrono::Utc;
 use maud::html;
 use redrive_http::redact::redact_text;
 use redrive_store::BulkAction;
@@ -108,7 +107,7 @@ pub(super) async fn dead_replay(
             &filter_of(&f),
             &actor(&who),
             false,
-            Utc::now(),
+            state.now(),
         )
         .await?
         .count;
@@ -139,7 +138,7 @@ pub(super) async fn dead_purge(
             &filter_of(&f),
             &actor(&who),
             false,
-            Utc::now(),
+            state.now(),
         )
         .await?
         .count;
