@@ -391,6 +391,10 @@ struct FleetRun {
     seconds: f64,
     stats: redrive_psp_sim::Stats,
     log: Vec<redrive_psp_sim::RequestRecord>,
+    /// Attempts ended by a rescue of an expired lease.
+    rescues: i64,
+    /// The registry's clock offsets of the live workers, at the end of the run.
+    offsets_ms: Vec<Option<i64>>,
 }
 
 const FLEET_LIMIT: f64 = 50.0;
@@ -402,6 +406,21 @@ const FLEET_OUTAGE: (u64, u64) = (4, 5);
 /// idempotency layer protects the charges. `None` when PostgreSQL is unreachable (and CI is
 /// not set).
 fn fleet_run(n: usize, seed: u64) -> Option<FleetRun> {
+    fleet_run_with(n, seed, &Fleet::default())
+}
+
+/// How the fleet's processes are set up: each one's `REDRIVE_CLOCK_OFFSET`, the sync switch,
+/// extra arguments of `work`.
+#[derive(Default)]
+struct Fleet {
+    /// One per process (three processes when empty, none skewed).
+    offsets: Vec<&'static str>,
+    /// `REDRIVE_CLOCK_SYNC=off` on every process.
+    unsynced: bool,
+    work_args: Vec<&'static str>,
+}
+
+fn fleet_run_with(n: usize, seed: u64, fleet: &Fleet) -> Option<FleetRun> {
     use redrive_psp_sim::{Faults, Outage, PspSim};
     let (fresh, pg) = schema()?;
     let db = fresh.url();
@@ -463,14 +482,26 @@ cooldown_max = "1500ms"
     block(Store::Postgres(pg.clone()).enqueue_many(&jobs, Utc::now())).unwrap();
     sim.reset();
     let t = Instant::now();
-    let workers: Vec<Running> = (0..3)
-        .map(|_| {
+    let offsets = if fleet.offsets.is_empty() {
+        vec!["0s"; 3]
+    } else {
+        fleet.offsets.clone()
+    };
+    let workers: Vec<Running> = offsets
+        .iter()
+        .map(|offset| {
             redrive_testkit::cli!()
                 .cmd()
+                .env("REDRIVE_CLOCK_OFFSET", offset)
+                .env(
+                    "REDRIVE_CLOCK_SYNC",
+                    if fleet.unsynced { "off" } else { "on" },
+                )
                 .args(["--db", &db, "--policies"])
                 .arg(&policies)
                 .args(["work", "--queue", "pay", "--concurrency", "8"])
                 .args(["--shutdown-grace", "1s"])
+                .args(&fleet.work_args)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
@@ -480,11 +511,24 @@ cooldown_max = "1500ms"
         .collect();
     all_succeeded(&pg, n as u64, Duration::from_secs(180));
     let seconds = t.elapsed().as_secs_f64();
+    let workers_seen = block(
+        Store::Postgres(pg.clone()).workers(block(Store::Postgres(pg.clone()).db_time()).unwrap()),
+    )
+    .unwrap();
     stop(workers);
+    let rescues: i64 = block(
+        sqlx::query_scalar(
+            "SELECT COUNT(*) FROM redrive_attempts WHERE error LIKE 'lease expired%'",
+        )
+        .fetch_one(pg.pool()),
+    )
+    .unwrap();
     let run = FleetRun {
         seconds,
         stats: sim.stats(),
         log: sim.request_log(),
+        rescues,
+        offsets_ms: workers_seen.iter().map(|w| w.clock_offset_ms).collect(),
     };
     block(fresh.drop_now());
     Some(run)
@@ -586,4 +630,49 @@ fn fleet_psp_load_benchmark() {
         median(|f| f.3),
         median(|f| f.4)
     );
+}
+
+/// Issue 35: three `redrive work` processes whose clocks are 3 s ahead, right and 3 s behind
+/// (`REDRIVE_CLOCK_OFFSET`), a 6 s lease, the fleet scenario's PSP (rate limit with
+/// `Retry-After: 1`, errors, an outage): no lease is taken from a live worker (no attempt
+/// ended by a rescue), and every charge is made exactly once. Each process measured its
+/// offset to the database and the registry shows it.
+///
+/// Without the sync (`REDRIVE_CLOCK_SYNC=off`, by hand: `SKEW_UNSYNCED=1 cargo test -p
+/// redrive-cli --test fleet skewed -- --nocapture`) the process 3 s ahead takes the leases of
+/// the one 3 s behind as soon as they are claimed, and this test fails.
+#[test]
+fn three_processes_with_skewed_clocks_take_no_live_lease() {
+    const N: usize = 300;
+    let unsynced = std::env::var("SKEW_UNSYNCED").is_ok_and(|v| v == "1");
+    let fleet = Fleet {
+        offsets: vec!["3s", "0s", "-3s"],
+        unsynced,
+        work_args: vec!["--lease", "6s"],
+    };
+    let Some(r) = fleet_run_with(N, 11, &fleet) else {
+        return;
+    };
+    eprintln!(
+        "{:.1} s, {} requests, statuses {:?}, rescues {}, duplicate effects {}, offsets {:?}",
+        r.seconds,
+        r.log.len(),
+        r.stats.requests_by_status,
+        r.rescues,
+        r.stats.duplicate_effects,
+        r.offsets_ms
+    );
+    assert_eq!(r.rescues, 0, "attempts ended by a rescue of a live lease");
+    exactly_once(&r, N);
+    if !unsynced {
+        let mut offsets: Vec<i64> = r.offsets_ms.iter().map(|o| o.unwrap()).collect();
+        offsets.sort();
+        assert_eq!(offsets.len(), 3, "{:?}", r.offsets_ms);
+        for (got, want) in offsets.iter().zip([-3_000, 0, 3_000]) {
+            assert!(
+                (got - want).abs() < 500,
+                "offsets {offsets:?}: each process's own skew, measured"
+            );
+        }
+    }
 }
