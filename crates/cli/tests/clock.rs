@@ -38,7 +38,7 @@ fn workers_show_each_processes_measured_clock_offset() {
     let dir = tempfile::tempdir().unwrap();
     let db = format!("sqlite:{}", dir.path().join("q.db").display());
     let cli = redrive_testkit::cli!();
-    ok_text(&cli.run_db(&db, &["migrate"]));
+    ok_text(&cli.run_db(&db, ["migrate"]));
     let mut serve = cli.db_command(&db, ["serve", "--addr", "127.0.0.1:0", "--workers", "1"]);
     serve.env("REDRIVE_CLOCK_OFFSET", "3s");
     let (server, addr) = spawn_listening(&mut serve, "listening on http://");
@@ -53,7 +53,7 @@ fn workers_show_each_processes_measured_clock_offset() {
     let pids = [server.0.id(), behind.0.id(), unsynced.0.id()].map(u64::from);
     let mut v = serde_json::Value::Null;
     redrive_testkit::cli::wait_for("three workers registered", Duration::from_secs(30), || {
-        v = ok_json(&cli.run_db(&db, &["workers", "--json"]));
+        v = ok_json(&cli.run_db(&db, ["workers", "--json"]));
         v["workers"].as_array().is_some_and(|w| w.len() == 3)
     });
     let rows = offsets_by_pid(&v);
@@ -63,7 +63,7 @@ fn workers_show_each_processes_measured_clock_offset() {
     assert!(near(of(pids[1]), 2_000), "work, 2 s behind: {v}");
     assert!(of(pids[2]).is_null(), "work, unsynced: {v}");
 
-    let text = ok_text(&cli.run_db(&db, &["workers"]));
+    let text = ok_text(&cli.run_db(&db, ["workers"]));
     assert!(text.lines().next().unwrap().contains("CLOCK"), "{text}");
     let line = |pid: u32| {
         text.lines()
