@@ -510,7 +510,7 @@ pub(crate) fn stats(global: &Global, a: JsonArgs) -> anyhow::Result<ExitCode> {
         let store = open_existing(global).await?;
         let counts = store.counts().await?;
         let deps = store.dependencies().await?;
-        let unhandled = store.unhandled(chrono::Utc::now()).await?;
+        let unhandled = store.unhandled(store.db_time().await?).await?;
         if a.json {
             outln!(
                 "{}",

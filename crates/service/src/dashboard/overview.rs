@@ -2,7 +2,6 @@
 
 use axum::extract::State;
 use axum::response::Response;
-use chrono::Utc;
 use maud::{Markup, html};
 use redrive_store::{JobState, QueueCount};
 
@@ -95,7 +94,7 @@ pub(super) fn unhandled_warning(unhandled: &[redrive_store::Unhandled]) -> Marku
 
 pub(super) async fn overview(State(state): State<AppState>) -> Result<Response, Page> {
     let store = &state.inner.store;
-    let now = Utc::now();
+    let now = state.now();
     let counts = store.counts().await?;
     let unhandled = store.unhandled(now).await?;
     let paused: Vec<String> = store

@@ -2,7 +2,6 @@
 
 use axum::extract::State;
 use axum::response::Response;
-use chrono::Utc;
 use maud::html;
 
 use super::format::{relative, when};
@@ -12,7 +11,7 @@ use crate::state::AppState;
 
 pub(super) async fn workers(State(state): State<AppState>) -> Result<Response, Page> {
     let store = &state.inner.store;
-    let now = Utc::now();
+    let now = state.now();
     let list = store.workers(now).await?;
     let unhandled = store.unhandled(now).await?;
     let stale = redrive_store::WORKER_STALE_AFTER.as_secs();
