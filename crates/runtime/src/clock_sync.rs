@@ -163,9 +163,10 @@ impl DbClock {
         );
     }
 
-    /// Measures the offset again every `every` until `stop` (first after `every`: make the
-    /// first measurement with [`DbClock::sync`] before using the clock). A failure is logged,
-    /// the last offset kept, and the next measurement made after a second.
+    /// Measures the offset again every `every` until `stop` (first after `every`, or after a
+    /// second if it was never measured: make the first measurement with [`DbClock::sync`]
+    /// before using the clock). A failure is logged, the last offset kept, and the next
+    /// measurement made after a second.
     pub fn spawn_sync(
         self: Arc<Self>,
         store: Store,
@@ -183,7 +184,11 @@ impl DbClock {
         stop: CancellationToken,
     ) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
-            let mut wait = every;
+            // Not measured yet (the first measurement failed): try again soon.
+            let mut wait = match self.offset() {
+                Some(_) => every,
+                None => every.min(Duration::from_secs(1)),
+            };
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => break,

@@ -151,15 +151,17 @@ impl crate::Store {
     /// # Errors
     /// The database's.
     pub async fn db_time(&self) -> crate::Result<Timestamp> {
+        // The read pools: a reading queued behind the SQLite writer would only widen the
+        // round trip, and so the offset's error.
         let us: i64 = match self {
             #[cfg(feature = "sqlite")]
             crate::Store::Sqlite(s) => {
                 sqlx::query_scalar(DB_TIME_SQLITE)
-                    .fetch_one(&s.pool)
+                    .fetch_one(&s.read)
                     .await?
             }
             #[cfg(feature = "postgres")]
-            crate::Store::Postgres(s) => sqlx::query_scalar(DB_TIME_PG).fetch_one(&s.pool).await?,
+            crate::Store::Postgres(s) => sqlx::query_scalar(DB_TIME_PG).fetch_one(&s.read).await?,
         };
         chrono::DateTime::from_timestamp_micros(us).ok_or_else(|| crate::StoreError::Corrupt {
             what: "database time",
