@@ -131,7 +131,16 @@ impl FileIdentity {
             let Some(id) = id else { continue };
             let name = path.display();
             match std::fs::metadata(path) {
-                Ok(m) if file_id(&m) == *id => {}
+                // SQLite maps the index into memory and grows it by writing: one it cannot
+                // write (`chattr +i`, a read-only mount) ends the process with SIGBUS, which
+                // leaves no log line, so the check says it first.
+                Ok(m) if file_id(&m) == *id => {
+                    if let Err(e) = std::fs::OpenOptions::new().write(true).open(path) {
+                        return Err(changed(format!(
+                            "{name} cannot be written ({e}); SQLite would crash on it"
+                        )));
+                    }
+                }
                 Ok(_) => {
                     return Err(changed(format!(
                         "another file was put in the place of {name}"

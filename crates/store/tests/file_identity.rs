@@ -109,3 +109,32 @@ async fn other_connections_coming_and_going_keep_the_identity() {
     assert_eq!(store.claim(&claim()).await.unwrap().len(), 4);
     store.check_file().unwrap();
 }
+
+/// `chattr +i q.db-shm`: SIGBUS within a second, with no log line. The check (run by every
+/// enqueue, claim and `/readyz`) names the file first.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn an_unwritable_shared_memory_index_is_named() {
+    let (_dir, path, store) = open().await;
+    let shm = companion(&path, "-shm");
+    let immutable = std::process::Command::new("chattr")
+        .arg("+i")
+        .arg(&shm)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !immutable {
+        // Not root, or a file system without attributes: a read-only mode says the same.
+        let mut perms = std::fs::metadata(&shm).unwrap().permissions();
+        perms.set_readonly(true);
+        std::fs::set_permissions(&shm, perms).unwrap();
+    }
+    let e = store.check_file();
+    if immutable {
+        let _ = std::process::Command::new("chattr")
+            .arg("-i")
+            .arg(&shm)
+            .status();
+    }
+    let e = e.unwrap_err();
+    assert!(e.to_string().contains("q.db-shm cannot be written"), "{e}");
+}

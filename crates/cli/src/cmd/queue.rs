@@ -39,6 +39,42 @@ pub(crate) async fn open(global: &Global) -> anyhow::Result<Store> {
     }
 }
 
+/// The variable that lets `serve` and `work` run on an in-memory database (tests only).
+pub(crate) const ALLOW_MEMORY_DB: &str = "REDRIVE_ALLOW_MEMORY_DB";
+
+/// Opens the store for `serve` and `work`, which acknowledge jobs and run them: an in-memory
+/// database (`sqlite::memory:`) or an `sqlite:` URL without a path (SQLite then opens a
+/// private temporary file) loses every job at exit, so both are refused with a usage error
+/// unless [`ALLOW_MEMORY_DB`] is set to `1`.
+pub(crate) async fn open_durable(global: &Global, command: &str) -> anyhow::Result<Store> {
+    if let Some(why) = not_durable(&global.db)
+        && std::env::var(ALLOW_MEMORY_DB).as_deref() != Ok("1")
+    {
+        return Err(usage(format!(
+            "--db: {:?} {why}: `{command}` would lose every job it accepts when it exits; give a file (sqlite:redrive.db) or a postgres:// URL",
+            shown_db(global)
+        )));
+    }
+    open(global).await
+}
+
+/// Why an SQLite URL keeps nothing (`None`: a file, or not SQLite).
+fn not_durable(url: &str) -> Option<&'static str> {
+    let rest = url.strip_prefix("sqlite:")?;
+    let rest = rest.strip_prefix("//").unwrap_or(rest);
+    let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+    if path == ":memory:"
+        || path.starts_with("file::memory:")
+        || query.split('&').any(|p| p == "mode=memory")
+    {
+        Some("is an in-memory database")
+    } else if path.is_empty() {
+        Some("names no file")
+    } else {
+        None
+    }
+}
+
 /// Opens the store for a command that only reads or changes existing jobs: an SQLite file
 /// that does not exist is an error naming it (a typo in `--db` must not create a new, empty
 /// database and report "no jobs").

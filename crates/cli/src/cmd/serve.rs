@@ -11,7 +11,7 @@ use redrive_service::{ApiToken, AppConfig, ConnLimits, ReadyCheck, ServiceConfig
 use tokio_util::sync::CancellationToken;
 
 use crate::args::{Global, ServeArgs};
-use crate::cmd::queue::{block_on, open};
+use crate::cmd::queue::{block_on, open_durable};
 use crate::error::usage;
 use crate::policies;
 
@@ -35,7 +35,7 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
     let http = HttpJob::with_egress(StatusTable::default(), egress)?;
     let alerts = policies::load_alerts(global)?;
     block_on(async move {
-        let store = open(global).await?;
+        let store = open_durable(global, "serve").await?;
         crate::cmd::schedule::upsert_file_schedules(global, &store).await?;
         let prometheus = redrive_runtime::metrics::prometheus_builder()
             .context("configuring the Prometheus histograms")?

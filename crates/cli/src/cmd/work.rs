@@ -18,7 +18,7 @@ use redrive_runtime::{Noop, Summary, Worker, WorkerBuilder};
 use tokio_util::sync::CancellationToken;
 
 use crate::args::{Global, WorkArgs};
-use crate::cmd::queue::{block_on, open};
+use crate::cmd::queue::{block_on, open_durable};
 use crate::error::usage;
 use crate::policies;
 
@@ -74,7 +74,7 @@ pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
             redrive_runtime::metrics::describe();
             eprintln!("metrics on http://{addr}/metrics");
         }
-        let store = open(global).await?;
+        let store = open_durable(global, "work").await?;
         let store_for_schedules = store.clone();
         let alert_store = store.clone();
         let alert_set = set.clone();
