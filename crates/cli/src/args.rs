@@ -483,6 +483,11 @@ pub(crate) struct ServeArgs {
     /// Serve `/metrics` without the token.
     #[arg(long = "metrics-public")]
     pub(crate) metrics_public: bool,
+    /// Refuse (422, naming the member) a job whose payload carries card data: a card number
+    /// (Luhn-valid, 13-19 digits) or a member such as `card_number`, `pan`, `cvc`. Card data
+    /// is masked on every surface either way; a payment fleet should store PSP tokens.
+    #[arg(long = "refuse-card-data", env = "REDRIVE_REFUSE_CARD_DATA")]
+    pub(crate) refuse_card_data: bool,
     /// Time allowed for a request's header (from the accept for a connection's first request).
     #[arg(long = "header-timeout", default_value = "10s", value_parser = parse_positive_duration)]
     pub(crate) header_timeout: Duration,

@@ -120,3 +120,118 @@ fn serve_and_work_refuse_a_database_that_keeps_nothing() {
     // Other commands keep accepting it (a quick look at policies, a test).
     ok(&redrive("sqlite::memory:", &["stats", "--json"]));
 }
+
+/// Stored as given (the handler sends it), shown nowhere: a card number in a string, in a
+/// JSON number and in text, and members named `card_number`, `pan`, `cvc`.
+const CARD_BODY: &str = r#"{"card_number": "4111111111111111", "pan": "5500 0055 5555 5559",
+    "cvc": "8642", "cardNumber": 4012888888881881, "note": "retry 4242-4242-4242-4242"}"#;
+const CARD_SECRETS: [&str; 5] = [
+    "4111111111111111",
+    "5500 0055 5555 5559",
+    "8642",
+    "4012888888881881",
+    "4242-4242-4242-4242",
+];
+
+fn assert_no_card(what: &str, t: &str) {
+    for s in CARD_SECRETS {
+        assert!(!t.contains(s), "{what} shows {s}: {t}");
+    }
+}
+
+/// A payload with `card_number`, `pan`, `cvc` showed the full number and CVC in the API,
+/// `show`, `jobs --json`, the dead-letter list and the dashboard.
+#[test]
+fn card_data_is_masked_on_every_surface() {
+    let (dir, db) = sqlite();
+    // An http job that dies at its first attempt without any network (the metadata address
+    // is always refused by the egress policy), so it is in the dead-letter list too.
+    let payload =
+        format!(r#"{{"method": "POST", "url": "http://169.254.169.254/x", "body": {CARD_BODY}}}"#);
+    let e = redrive(
+        &db,
+        &[
+            "enqueue",
+            "--queue",
+            "pay",
+            "--kind",
+            "http",
+            "--payload",
+            &payload,
+            "--json",
+        ],
+    );
+    assert_no_card("enqueue --json", &text(&e));
+    let id = ok(&e)["job"]["id"].to_string();
+    let w = redrive(&db, &["work", "--until-idle"]);
+    ok(&w);
+    assert_no_card("work's log", &text(&w));
+    for args in [
+        &["show", &id, "--json"][..],
+        &["show", &id],
+        &["jobs", "--json"],
+        &["jobs"],
+        &["dead", "list", "--json"],
+        &["dead", "list"],
+    ] {
+        assert_no_card(&args.join(" "), &text(&redrive(&db, args)));
+    }
+    let shown = ok(&redrive(&db, &["show", &id, "--json"]));
+    assert_eq!(shown["job"]["state"], "dead", "{shown}");
+    let body = &shown["job"]["payload"]["body"];
+    assert_eq!(body["card_number"], "[redacted]", "{shown}");
+    assert_eq!(body["note"], "retry ****-****-****-4242", "{shown}");
+
+    let log = dir.path().join("serve.log");
+    let (_server, addr) = serve(&db, &log, &[]);
+    for path in [
+        format!("/v1/jobs/{id}"),
+        "/v1/jobs".into(),
+        "/v1/jobs?state=dead".into(),
+        format!("/jobs/{id}"),
+        "/jobs".into(),
+        "/dead".into(),
+    ] {
+        let (status, res) = request(&addr, "GET", &path, &[], "");
+        assert_eq!(status, 200, "{path}: {res}");
+        if path.ends_with(&id) {
+            assert!(
+                res.contains("redacted") && res.contains("4242"),
+                "{path}: {res}"
+            );
+        }
+        assert_no_card(&path, &res);
+    }
+    // What is stored is what the handler sends.
+    let store = redrive_testkit::cli::block(redrive_store::Store::connect(&db)).unwrap();
+    let job = redrive_testkit::cli::block(store.get(id.parse().unwrap()))
+        .unwrap()
+        .unwrap();
+    assert_eq!(job.payload["body"]["cvc"], "8642");
+}
+
+/// `serve --refuse-card-data`: a payment fleet stores tokens, not PANs. 422 naming the member.
+#[test]
+fn serve_can_refuse_card_data() {
+    let (dir, db) = sqlite();
+    let log = dir.path().join("serve.log");
+    let (_server, addr) = serve(&db, &log, &["--refuse-card-data"]);
+    for (payload, member) in [
+        (r#"{"source": {"cvv": "123"}}"#, "payload.source.cvv"),
+        (
+            r#"{"lines": ["x", "4111 1111 1111 1111"]}"#,
+            "payload.lines[1]",
+        ),
+        (r#"{"cardNumber": "tok_visa"}"#, "payload.cardNumber"),
+    ] {
+        let body = format!(r#"{{"queue": "q", "kind": "noop", "payload": {payload}}}"#);
+        let (status, res) = post_job(&addr, &body);
+        assert_eq!(status, 422, "{res}");
+        assert!(res.contains(&format!("\"field\":\"{member}\"")), "{res}");
+        assert!(res.contains("card data"), "{res}");
+        assert!(!res.contains("4111"), "{res}");
+    }
+    let ok_body =
+        r#"{"queue": "q", "kind": "noop", "payload": {"source": "pm_1", "at": 1764000000005}}"#;
+    assert_eq!(post_job(&addr, ok_body).0, 201);
+}

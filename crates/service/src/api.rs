@@ -132,6 +132,10 @@ pub(crate) fn enqueue_problem(e: redrive_http::EnqueueError) -> ApiError {
     }
 }
 
+/// Why a payload with card data is refused (`--refuse-card-data`).
+pub(crate) const CARD_DATA_REFUSED: &str = "the payload carries card data (a card number or a \
+    card field such as cvc); this service refuses it: send a token from your PSP instead";
+
 /// Turns the body of `POST /v1/jobs` into a job, naming the first bad field.
 pub(crate) fn parse_enqueue(
     state: &AppState,
@@ -169,6 +173,12 @@ pub(crate) fn parse_enqueue(
     let priority: Option<i32> = take_int(&mut obj, "priority")?;
     let max_attempts: Option<u32> = take_int(&mut obj, "max_attempts")?;
     let quota_key: Option<String> = take(&mut obj, "quota_key")?;
+    if state.inner.refuse_card_data
+        && let Some(path) = redrive_http::redact::find_card_data(&payload)
+    {
+        let detail = format!("{path}: {CARD_DATA_REFUSED}");
+        return Err(ApiError::unprocessable(path, "", detail));
+    }
 
     let policy_name = policy_name.as_deref().unwrap_or("payment");
     let policy = state

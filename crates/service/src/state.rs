@@ -160,6 +160,10 @@ pub struct AppConfig {
     pub idempotency_recovery_window: Option<Duration>,
     /// More checks of `/readyz` (e.g. the in-process worker pool).
     pub ready_checks: Vec<ReadyCheck>,
+    /// Refuse (422, naming the member) an enqueue whose payload carries card data: a member
+    /// named like a card field or a card number ([`redrive_http::redact::find_card_data`])
+    /// (`--refuse-card-data`). Card data is masked on every surface either way.
+    pub refuse_card_data: bool,
 }
 
 impl Default for AppConfig {
@@ -177,6 +181,7 @@ impl Default for AppConfig {
             clock: None,
             idempotency_recovery_window: None,
             ready_checks: Vec::new(),
+            refuse_card_data: false,
         }
     }
 }
@@ -198,6 +203,7 @@ impl fmt::Debug for AppConfig {
                 &self.idempotency_recovery_window,
             )
             .field("ready_checks", &self.ready_checks)
+            .field("refuse_card_data", &self.refuse_card_data)
             .finish_non_exhaustive()
     }
 }
@@ -235,6 +241,8 @@ pub(crate) struct Inner {
     pub(crate) logins: LoginLimiter,
     pub(crate) cookie_secure: bool,
     pub(crate) metrics_public: bool,
+    /// [`AppConfig::refuse_card_data`].
+    pub(crate) refuse_card_data: bool,
     pub(crate) connections: ConnLimits,
     /// One permit per connection being served.
     pub(crate) connection_slots: Arc<Semaphore>,
@@ -333,6 +341,7 @@ impl AppState {
                 logins: LoginLimiter::new(clock),
                 cookie_secure: config.cookie_secure,
                 metrics_public: config.metrics_public,
+                refuse_card_data: config.refuse_card_data,
                 connections: limits,
                 connection_slots: Arc::new(Semaphore::new(
                     limits.max_connections.min(Semaphore::MAX_PERMITS),

@@ -93,6 +93,7 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
                 public_hosts: a.public_hosts.clone(),
                 cookie_secure: a.cookie_secure,
                 metrics_public: a.metrics_public,
+                refuse_card_data: a.refuse_card_data,
                 connections: ConnLimits {
                     header_timeout: a.header_timeout,
                     idle_timeout: a.idle_timeout,
