@@ -98,7 +98,7 @@ pub(crate) enum Command {
     /// Cancel a job that has not finished.
     Cancel(CancelArgs),
     /// Counts per queue and state, breakers, and jobs waiting for a kind no live worker runs.
-    Stats(JsonArgs),
+    Stats(StatsArgs),
     /// The live workers of the fleet: host, pid, queues, kinds, concurrency, last seen.
     Workers(JsonArgs),
     /// Circuit breakers per dependency (`breakers force` to override one).
@@ -219,6 +219,18 @@ pub(crate) struct JsonArgs {
     pub(crate) json: bool,
 }
 
+/// `redrive stats`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct StatsArgs {
+    /// Print one JSON document.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Show at most this many queues (the busiest), breakers (those open or paused first) and
+    /// unhandled groups; how many were left out is printed (`more` in the JSON).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) limit: u32,
+}
+
 /// `redrive enqueue`.
 #[derive(Debug, Args)]
 pub(crate) struct EnqueueArgs {
@@ -284,6 +296,11 @@ pub(crate) struct WorkArgs {
     /// (`redrive_jobs`, `redrive_oldest_available_seconds`); a scrape never queries.
     #[arg(long = "metrics-refresh", default_value = "5s", value_parser = parse_positive_duration)]
     pub(crate) metrics_refresh: std::time::Duration,
+    /// How many queue names (and, separately, dependency names) get their own metric label;
+    /// the busiest first, every later one is counted under `other` (bounds /metrics and
+    /// memory with thousands of queues).
+    #[arg(long = "metrics-max-labels", env = "REDRIVE_METRICS_MAX_LABELS", default_value_t = redrive_store::labels::DEFAULT_MAX_LABELS)]
+    pub(crate) metrics_max_labels: usize,
     /// After SIGINT/SIGTERM, how long running attempts may take to finish.
     #[arg(long = "shutdown-grace", default_value = "30s", value_parser = parse_duration)]
     pub(crate) shutdown_grace: std::time::Duration,
@@ -443,6 +460,11 @@ pub(crate) struct ServeArgs {
     /// (`redrive_jobs`, `redrive_oldest_available_seconds`); a scrape never queries.
     #[arg(long = "metrics-refresh", default_value = "5s", value_parser = parse_positive_duration)]
     pub(crate) metrics_refresh: std::time::Duration,
+    /// How many queue names (and, separately, dependency names) get their own metric label;
+    /// the busiest first, every later one is counted under `other` (bounds /metrics and
+    /// memory with thousands of queues).
+    #[arg(long = "metrics-max-labels", env = "REDRIVE_METRICS_MAX_LABELS", default_value_t = redrive_store::labels::DEFAULT_MAX_LABELS)]
+    pub(crate) metrics_max_labels: usize,
     /// With --workers: the queues they work (repeatable); default: every queue.
     #[arg(long = "queue", requires = "workers")]
     pub(crate) queues: Vec<String>,

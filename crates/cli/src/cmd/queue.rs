@@ -12,7 +12,9 @@ use redrive_http::{EnqueueError, JobRequest, RunAt, check_same_request};
 use redrive_store::{Attempt, Job, JobState, ListParams, NewJob, Store, StoreError};
 use serde_json::json;
 
-use crate::args::{DeadCommand, DeadListArgs, EnqueueArgs, Global, JobsArgs, JsonArgs, ShowArgs};
+use crate::args::{
+    DeadCommand, DeadListArgs, EnqueueArgs, Global, JobsArgs, JsonArgs, ShowArgs, StatsArgs,
+};
 use crate::error::usage;
 use crate::policies;
 
@@ -541,23 +543,46 @@ fn dead_list(global: &Global, a: DeadListArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-pub(crate) fn stats(global: &Global, a: JsonArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn stats(global: &Global, a: StatsArgs) -> anyhow::Result<ExitCode> {
     block_on(async move {
         let store = open_existing(global).await?;
-        let counts = store.counts().await?;
-        let deps = store.dependencies().await?;
-        let unhandled = store.unhandled(chrono::Utc::now()).await?;
+        let limit = a.limit as usize;
+        let (counts, more_queues) =
+            redrive_store::labels::busiest_queues(store.counts().await?, limit);
+        let mut deps = store.dependencies().await?;
+        // Those that need attention first (not closed, or paused), then by name.
+        deps.sort_by_key(|d| {
+            (
+                d.flow.state == redrive_policy::BreakerState::Closed
+                    && d.flow.paused_until.is_none(),
+                d.name.clone(),
+            )
+        });
+        let more_breakers = deps.len().saturating_sub(limit);
+        deps.truncate(limit);
+        let mut unhandled = store.unhandled(chrono::Utc::now()).await?;
+        unhandled.sort_by_key(|u| std::cmp::Reverse(u.jobs));
+        let more_unhandled = unhandled.len().saturating_sub(limit);
+        unhandled.truncate(limit);
+        let more =
+            json!({"queues": more_queues, "breakers": more_breakers, "unhandled": more_unhandled});
         if a.json {
             outln!(
                 "{}",
                 serde_json::to_string_pretty(
-                    &json!({"counts": counts, "breakers": deps, "unhandled": unhandled})
+                    &json!({"counts": counts, "breakers": deps, "unhandled": unhandled, "more": more})
                 )?
             );
             return Ok(ExitCode::SUCCESS);
         }
         let mut queues: Vec<&str> = counts.iter().map(|c| c.queue.as_str()).collect();
         queues.dedup();
+        // One row per queue, without a scan of every count for every cell.
+        let mut cells: std::collections::HashMap<(&str, JobState), u64> =
+            std::collections::HashMap::new();
+        for c in &counts {
+            cells.insert((c.queue.as_str(), c.state), c.count);
+        }
         out!("{:<16}", "QUEUE");
         for s in JobState::ALL {
             out!("{:>11}", s.as_str());
@@ -566,10 +591,7 @@ pub(crate) fn stats(global: &Global, a: JsonArgs) -> anyhow::Result<ExitCode> {
         for q in &queues {
             out!("{:<16}", truncate(q, 16));
             for s in JobState::ALL {
-                let n = counts
-                    .iter()
-                    .find(|c| c.queue == *q && c.state == s)
-                    .map_or(0, |c| c.count);
+                let n = cells.get(&(*q, s)).copied().unwrap_or(0);
                 out!("{n:>11}");
             }
             outln!();
@@ -577,8 +599,17 @@ pub(crate) fn stats(global: &Global, a: JsonArgs) -> anyhow::Result<ExitCode> {
         if queues.is_empty() {
             outln!("(no jobs)");
         }
+        if more_queues > 0 {
+            outln!("… and {more_queues} more queues (the quietest; --limit shows more)");
+        }
         print_unhandled(&unhandled)?;
+        if more_unhandled > 0 {
+            outln!("… and {more_unhandled} more unhandled groups (--limit shows more)");
+        }
         print_breakers(&deps)?;
+        if more_breakers > 0 {
+            outln!("… and {more_breakers} more breakers (--limit shows more)");
+        }
         Ok(ExitCode::SUCCESS)
     })
 }

@@ -34,6 +34,7 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
     let (set, egress) = policies::load_for_workers(global, &a.egress)?;
     let http = HttpJob::with_egress(StatusTable::default(), egress)?;
     let alerts = policies::load_alerts(global)?;
+    redrive_store::labels::set_max_labels(a.metrics_max_labels);
     block_on(async move {
         let store = open_durable(global, "serve").await?;
         crate::cmd::schedule::upsert_file_schedules(global, &store).await?;

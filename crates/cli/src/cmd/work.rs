@@ -64,6 +64,7 @@ pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
     let (set, egress) = policies::load_for_workers(global, &a.egress)?;
     let http = HttpJob::with_egress(StatusTable::default(), egress)?;
     let alerts = policies::load_alerts(global)?;
+    redrive_store::labels::set_max_labels(a.metrics_max_labels);
     block_on(async move {
         if let Some(addr) = a.metrics_addr {
             redrive_runtime::metrics::prometheus_builder()
