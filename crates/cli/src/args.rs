@@ -292,6 +292,10 @@ pub(crate) struct WorkArgs {
     /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9090 or localhost:9090).
     #[arg(long = "metrics-addr", value_parser = parse_addr)]
     pub(crate) metrics_addr: Option<std::net::SocketAddr>,
+    /// Allow --metrics-addr beyond loopback: /metrics is then served without authentication
+    /// to anyone who can reach the address (job counts, queue and dependency names).
+    #[arg(long = "metrics-public", requires = "metrics_addr")]
+    pub(crate) metrics_public: bool,
     /// How often one background task reads the gauges that need the database
     /// (`redrive_jobs`, `redrive_oldest_available_seconds`); a scrape never queries.
     #[arg(long = "metrics-refresh", default_value = "5s", value_parser = parse_positive_duration)]

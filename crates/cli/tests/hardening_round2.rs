@@ -368,3 +368,104 @@ fn stats_and_the_dashboard_stay_small_with_many_queues() {
     assert_eq!(rows(&page2), 50, "{page2}");
     assert!(page2.contains("data-queue=\"q149\""), "{page2}");
 }
+
+/// `work --metrics-addr 0.0.0.0:…` served /metrics without authentication and without a word,
+/// while `serve` refuses the same.
+#[test]
+fn work_guards_a_public_metrics_address_like_serve() {
+    let (_dir, db) = sqlite();
+    let o = redrive(
+        &db,
+        &["work", "--until-idle", "--metrics-addr", "0.0.0.0:0"],
+    );
+    let e = err(&o, 2, &["--metrics-addr", "0.0.0.0:0", "--metrics-public"]);
+    assert_eq!(e.lines().count(), 1, "{e}");
+    let o = redrive(
+        &db,
+        &[
+            "work",
+            "--until-idle",
+            "--metrics-addr",
+            "0.0.0.0:0",
+            "--metrics-public",
+        ],
+    );
+    ok(&o);
+    assert!(text(&o).contains("without authentication"), "{}", text(&o));
+    ok(&redrive(
+        &db,
+        &["work", "--until-idle", "--metrics-addr", "127.0.0.1:0"],
+    ));
+}
+
+/// `--payload @/dev/urandom` said "is 0 bytes" (a device has no size).
+#[cfg(unix)]
+#[test]
+fn a_payload_from_a_device_is_not_called_0_bytes() {
+    let (_dir, db) = sqlite();
+    let o = redrive(
+        &db,
+        &[
+            "enqueue",
+            "--queue",
+            "q",
+            "--kind",
+            "noop",
+            "--payload",
+            "@/dev/urandom",
+        ],
+    );
+    let e = err(&o, 2, &["--payload", "over 1048576 bytes"]);
+    assert!(!e.contains(" 0 bytes"), "{e}");
+}
+
+fn post_keyed(addr: &str, key: &str, body: &str) -> (u16, String) {
+    request(
+        addr,
+        "POST",
+        "/v1/jobs",
+        &[
+            "Content-Type: application/json",
+            &format!("Idempotency-Key: {key}"),
+        ],
+        body,
+    )
+}
+
+/// The same JSON under the same key with other whitespace or member order was a 422 (a raw
+/// fingerprint); a 400 under a key used the key up.
+#[test]
+fn idempotency_keys_compare_canonical_json_and_survive_a_400() {
+    let (dir, db) = sqlite();
+    let log = dir.path().join("serve.log");
+    let (_server, addr) = serve(&db, &log, &[]);
+    let (status, first) = post_keyed(
+        &addr,
+        "k-canon",
+        r#"{"queue":"q","kind":"noop","payload":{"a":1,"b":[1,2]}}"#,
+    );
+    assert_eq!(status, 201, "{first}");
+    let (status, again) = post_keyed(
+        &addr,
+        "k-canon",
+        "{ \"payload\": {\"b\": [1, 2], \"a\": 1},\n  \"kind\": \"noop\", \"queue\": \"q\" }",
+    );
+    assert_eq!(status, 201, "{again}");
+    assert!(
+        again
+            .to_ascii_lowercase()
+            .contains("idempotent-replayed: true"),
+        "{again}"
+    );
+    let (status, other) = post_keyed(
+        &addr,
+        "k-canon",
+        r#"{"queue":"q","kind":"noop","payload":{"a":2,"b":[1,2]}}"#,
+    );
+    assert_eq!(status, 422, "{other}");
+
+    let (status, bad) = post_keyed(&addr, "k-400", r#"{"queue": "q", "kind": "noop""#);
+    assert_eq!(status, 400, "{bad}");
+    let (status, fixed) = post_keyed(&addr, "k-400", r#"{"queue": "q", "kind": "noop"}"#);
+    assert_eq!(status, 201, "{fixed}");
+}

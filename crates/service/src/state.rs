@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
-use redrive_idempotency::{IdempotencyLayer, IdempotencyStore, RecoveryMode, Scope};
+use redrive_idempotency::{Fingerprint, IdempotencyLayer, IdempotencyStore, RecoveryMode, Scope};
 use redrive_policy::PolicySet;
 use redrive_store::{Clock, Store, SystemClock};
 use tokio::sync::Semaphore;
@@ -324,6 +324,10 @@ impl AppState {
             .with_lease(window)
             .with_heartbeat_interval(window / 3)
             .with_max_request_bytes(MAX_BODY_BYTES)
+            // The same JSON with other whitespace or member order is the same request; a 400
+            // (a malformed request, no job made) leaves the key free for the corrected one.
+            .with_fingerprint(Fingerprint::CanonicalJson)
+            .with_store_400(false)
             .with_problem_base(format!("{}idempotency/", crate::error::PROBLEM_BASE))
             .build()
             .map_err(ServiceError::IdempotencyConfig)?;

@@ -134,10 +134,14 @@ pub(crate) fn payload(arg: Option<&str>) -> anyhow::Result<serde_json::Value> {
                 .read_to_end(&mut buf)
                 .map_err(cannot)?;
             if buf.len() > MAX_PAYLOAD_BYTES {
-                let n = std::fs::metadata(path).map_or_else(
-                    |_| format!("over {MAX_PAYLOAD_BYTES}"),
-                    |m| m.len().to_string(),
-                );
+                // A device or a pipe has no size: say only that it is over.
+                let n = std::fs::metadata(path)
+                    .ok()
+                    .filter(std::fs::Metadata::is_file)
+                    .map_or_else(
+                        || format!("over {MAX_PAYLOAD_BYTES}"),
+                        |m| m.len().to_string(),
+                    );
                 return Err(too_big(path, n));
             }
             let text = String::from_utf8(buf)

@@ -60,6 +60,20 @@ pub(crate) fn with_builtin_handlers(
 }
 
 pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
+    // The metrics listener has no token: beyond loopback only when asked for, as `serve`.
+    if let Some(addr) = a.metrics_addr
+        && !addr.ip().is_loopback()
+    {
+        if !a.metrics_public {
+            return Err(usage(format!(
+                "--metrics-addr: refusing to serve /metrics without authentication on {addr}; use a loopback address (127.0.0.1:9090) or add --metrics-public"
+            )));
+        }
+        tracing::warn!(
+            %addr,
+            "serving /metrics without authentication beyond loopback (--metrics-public)"
+        );
+    }
     let kinds = chosen_kinds(&a.kinds)?;
     let (set, egress) = policies::load_for_workers(global, &a.egress)?;
     let http = HttpJob::with_egress(StatusTable::default(), egress)?;
