@@ -469,3 +469,26 @@ fn idempotency_keys_compare_canonical_json_and_survive_a_400() {
     let (status, fixed) = post_keyed(&addr, "k-400", r#"{"queue": "q", "kind": "noop"}"#);
     assert_eq!(status, 201, "{fixed}");
 }
+
+/// Sixteen of one repeated letter was accepted as a public token, and `--token` stayed in
+/// argv without a word.
+#[test]
+fn a_public_token_needs_entropy_and_an_argv_token_is_warned_about() {
+    let (dir, db) = sqlite();
+    for token in ["aaaaaaaaaaaaaaaa", "abababababababababab"] {
+        let o = redrive(&db, &["serve", "--addr", "0.0.0.0:0", "--token", token]);
+        let e = err(&o, 2, &["distinct characters", "at least 6"]);
+        assert_eq!(e.lines().count(), 1, "{e}");
+        assert!(!e.contains(token), "{e}");
+    }
+    let log = dir.path().join("serve.log");
+    let (_server, addr) = serve(&db, &log, &["--token", "t0k"]);
+    assert_eq!(request(&addr, "GET", "/healthz", &[], "").0, 200);
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("--token is visible in the process list")
+            && logged.contains("--token-file"),
+        "{logged}"
+    );
+    assert!(!logged.contains("t0k"), "{logged}");
+}

@@ -30,6 +30,15 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
         redrive_service::check_exposure(&addr, Some(&t.secret))
             .map_err(|e| usage(format!("token {:?}: {e}", t.label)))?;
     }
+    // A token on the command line is visible to every user of the machine (`ps`).
+    if std::env::args_os()
+        .filter_map(|arg| arg.into_string().ok())
+        .any(|arg| arg == "--token" || arg.starts_with("--token="))
+    {
+        tracing::warn!(
+            "--token is visible in the process list to every user of this machine; use --token-file or REDRIVE_API_TOKEN"
+        );
+    }
     let kinds = crate::cmd::work::chosen_kinds(&a.kinds)?;
     let (set, egress) = policies::load_for_workers(global, &a.egress)?;
     let http = HttpJob::with_egress(StatusTable::default(), egress)?;
@@ -132,6 +141,7 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
             Err(
                 e @ (ServiceError::TokenRequired { .. }
                 | ServiceError::TokenTooShort { .. }
+                | ServiceError::TokenTooSimple { .. }
                 | ServiceError::InvalidToken { .. }
                 | ServiceError::InvalidPublicHost { .. }
                 | ServiceError::InvalidLimit { .. }),
