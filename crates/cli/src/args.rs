@@ -283,7 +283,10 @@ pub(crate) struct WorkArgs {
     /// Jobs run at once.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub(crate) concurrency: u32,
-    /// Exit when no job is available or running.
+    /// Exit once no job is due and this process runs none. It does not wait for jobs due
+    /// later (scheduled, deferred) nor for jobs leased by another process, or by one that was
+    /// killed: those go back to the queue when their lease expires, and a later run takes
+    /// them.
     #[arg(long = "until-idle")]
     pub(crate) until_idle: bool,
     /// Exit after this many jobs finished their attempt.

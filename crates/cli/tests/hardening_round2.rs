@@ -492,3 +492,43 @@ fn a_public_token_needs_entropy_and_an_argv_token_is_warned_about() {
     );
     assert!(!logged.contains("t0k"), "{logged}");
 }
+
+/// A policies file that silently redefined the built-in `payment` preset (every job's
+/// default) now says so; a policy of its own name does not.
+#[test]
+fn redefining_a_built_in_preset_is_warned_about() {
+    let (dir, db) = sqlite();
+    let file = dir.path().join("policies.toml");
+    std::fs::write(&file, "[policy.payment]\nextends = \"background\"\n").unwrap();
+    let o = redrive(
+        &db,
+        &["--policies", file.to_str().unwrap(), "work", "--until-idle"],
+    );
+    ok(&o);
+    let t = text(&o);
+    assert!(
+        t.contains("[policy.payment] redefines the built-in preset")
+            && t.contains("names no policy"),
+        "{t}"
+    );
+    std::fs::write(&file, "[policy.quick]\nextends = \"payment\"\n").unwrap();
+    let o = redrive(
+        &db,
+        &["--policies", file.to_str().unwrap(), "work", "--until-idle"],
+    );
+    ok(&o);
+    assert!(!text(&o).contains("redefines"), "{}", text(&o));
+}
+
+/// `work --until-idle` after a kill -9 exited with jobs still leased, though its help said it
+/// waited for running jobs: the help now says what it does.
+#[test]
+fn until_idle_help_says_what_it_waits_for() {
+    let o = redrive_testkit::cli!().run(["work", "--help"]);
+    let t = ok_text(&o);
+    assert!(!t.contains("no job is available or running"), "{t}");
+    assert!(
+        t.contains("does not wait") && t.contains("leased by another process"),
+        "{t}"
+    );
+}
