@@ -532,3 +532,25 @@ fn until_idle_help_says_what_it_waits_for() {
         "{t}"
     );
 }
+
+/// Cyrillic homoglyphs in a queue or key were accepted: `pаy` (Cyrillic а) and `pay` were two
+/// queues no one could tell apart. A name mixing Latin with such letters is refused, naming
+/// the character; a name in one script is fine.
+#[test]
+fn mixed_script_names_are_refused() {
+    let (_dir, db) = sqlite();
+    let enqueue = |queue: &str, key: &str| {
+        redrive(
+            &db,
+            &["enqueue", "--queue", queue, "--kind", "noop", "--key", key],
+        )
+    };
+    err(
+        &enqueue("p\u{0430}y", "k1"),
+        2,
+        &["--queue", "U+0430", "Cyrillic"],
+    );
+    err(&enqueue("pay", "\u{043E}rder-1"), 2, &["--key", "U+043E"]);
+    ok(&enqueue("платежи", "заказ-1"));
+    ok(&enqueue("pay", "order-1"));
+}
