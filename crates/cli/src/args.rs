@@ -98,7 +98,7 @@ pub(crate) enum Command {
     /// Cancel a job that has not finished.
     Cancel(CancelArgs),
     /// Counts per queue and state, breakers, and jobs waiting for a kind no live worker runs.
-    Stats(JsonArgs),
+    Stats(StatsArgs),
     /// The live workers of the fleet: host, pid, queues, kinds, concurrency, last seen.
     Workers(JsonArgs),
     /// Circuit breakers per dependency (`breakers force` to override one).
@@ -219,6 +219,18 @@ pub(crate) struct JsonArgs {
     pub(crate) json: bool,
 }
 
+/// `redrive stats`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct StatsArgs {
+    /// Print one JSON document.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Show at most this many queues (the busiest), breakers (those open or paused first) and
+    /// unhandled groups; how many were left out is printed (`more` in the JSON).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) limit: u32,
+}
+
 /// `redrive enqueue`.
 #[derive(Debug, Args)]
 pub(crate) struct EnqueueArgs {
@@ -271,7 +283,10 @@ pub(crate) struct WorkArgs {
     /// Jobs run at once.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub(crate) concurrency: u32,
-    /// Exit when no job is available or running.
+    /// Exit once no job is due and this process runs none. It does not wait for jobs due
+    /// later (scheduled, deferred) nor for jobs leased by another process, or by one that was
+    /// killed: those go back to the queue when their lease expires, and a later run takes
+    /// them.
     #[arg(long = "until-idle")]
     pub(crate) until_idle: bool,
     /// Exit after this many jobs finished their attempt.
@@ -280,10 +295,19 @@ pub(crate) struct WorkArgs {
     /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9090 or localhost:9090).
     #[arg(long = "metrics-addr", value_parser = parse_addr)]
     pub(crate) metrics_addr: Option<std::net::SocketAddr>,
+    /// Allow --metrics-addr beyond loopback: /metrics is then served without authentication
+    /// to anyone who can reach the address (job counts, queue and dependency names).
+    #[arg(long = "metrics-public", requires = "metrics_addr")]
+    pub(crate) metrics_public: bool,
     /// How often one background task reads the gauges that need the database
     /// (`redrive_jobs`, `redrive_oldest_available_seconds`); a scrape never queries.
     #[arg(long = "metrics-refresh", default_value = "5s", value_parser = parse_positive_duration)]
     pub(crate) metrics_refresh: std::time::Duration,
+    /// How many queue names (and, separately, dependency names) get their own metric label;
+    /// the busiest first, every later one is counted under `other` (bounds /metrics and
+    /// memory with thousands of queues).
+    #[arg(long = "metrics-max-labels", env = "REDRIVE_METRICS_MAX_LABELS", default_value_t = redrive_store::labels::DEFAULT_MAX_LABELS)]
+    pub(crate) metrics_max_labels: usize,
     /// After SIGINT/SIGTERM, how long running attempts may take to finish.
     #[arg(long = "shutdown-grace", default_value = "30s", value_parser = parse_duration)]
     pub(crate) shutdown_grace: std::time::Duration,
@@ -443,6 +467,11 @@ pub(crate) struct ServeArgs {
     /// (`redrive_jobs`, `redrive_oldest_available_seconds`); a scrape never queries.
     #[arg(long = "metrics-refresh", default_value = "5s", value_parser = parse_positive_duration)]
     pub(crate) metrics_refresh: std::time::Duration,
+    /// How many queue names (and, separately, dependency names) get their own metric label;
+    /// the busiest first, every later one is counted under `other` (bounds /metrics and
+    /// memory with thousands of queues).
+    #[arg(long = "metrics-max-labels", env = "REDRIVE_METRICS_MAX_LABELS", default_value_t = redrive_store::labels::DEFAULT_MAX_LABELS)]
+    pub(crate) metrics_max_labels: usize,
     /// With --workers: the queues they work (repeatable); default: every queue.
     #[arg(long = "queue", requires = "workers")]
     pub(crate) queues: Vec<String>,
@@ -483,6 +512,11 @@ pub(crate) struct ServeArgs {
     /// Serve `/metrics` without the token.
     #[arg(long = "metrics-public")]
     pub(crate) metrics_public: bool,
+    /// Refuse (422, naming the member) a job whose payload carries card data: a card number
+    /// (Luhn-valid, 13-19 digits) or a member such as `card_number`, `pan`, `cvc`. Card data
+    /// is masked on every surface either way; a payment fleet should store PSP tokens.
+    #[arg(long = "refuse-card-data", env = "REDRIVE_REFUSE_CARD_DATA")]
+    pub(crate) refuse_card_data: bool,
     /// Time allowed for a request's header (from the accept for a connection's first request).
     #[arg(long = "header-timeout", default_value = "10s", value_parser = parse_positive_duration)]
     pub(crate) header_timeout: Duration,

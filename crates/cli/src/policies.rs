@@ -40,9 +40,35 @@ fn load_file_with_egress(path: &Path) -> anyhow::Result<(PolicySet, EgressPolicy
         .map_err(|e| usage(format!("{}: {e}", path.display())))?;
     let rest = without_schedules(&rest);
     let set = PolicySet::from_toml(&rest).map_err(|e| usage(format!("{}: {e}", path.display())))?;
+    warn_redefined_presets(path, &rest);
     redrive_http::alerts::check_alert_rules(&alerts, &set)
         .map_err(|e| usage(format!("{}: {e}", path.display())))?;
     Ok((set, egress))
+}
+
+/// A `[policy.payment]` (or another preset's name) in the file replaces the built-in preset
+/// for every job that names it, and `payment` is every job's default: legal, and easy to do
+/// by mistake (a copied example), so it is said once per load.
+fn warn_redefined_presets(path: &Path, text: &str) {
+    let Ok(doc) = text.parse::<toml::Table>() else {
+        return;
+    };
+    let Some(policies) = doc.get("policy").and_then(toml::Value::as_table) else {
+        return;
+    };
+    for name in redrive_policy::RetryPolicy::PRESETS {
+        if policies.contains_key(*name) {
+            tracing::warn!(
+                "{}: [policy.{name}] redefines the built-in preset {name:?}: every job that names it{} gets this file's version (use another name, with extends = {name:?}, to keep the preset)",
+                path.display(),
+                if *name == redrive_policy::PolicySet::DEFAULT_POLICY {
+                    " (and every job that names no policy)"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
 }
 
 /// The `[[alerts]]` rules of the global `--policies` file (none without a file), checked.

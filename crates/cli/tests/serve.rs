@@ -138,6 +138,8 @@ fn serve_reads_the_token_from_a_file() {
 
 #[test]
 fn serve_checks_its_new_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite:{}", dir.path().join("q.db").display());
     for (args, want) in [
         (vec!["--public-host", "https://r.example"], "--public-host"),
         (vec!["--public-host", "r.example/x"], "--public-host"),
@@ -147,7 +149,7 @@ fn serve_checks_its_new_flags() {
     ] {
         let out = redrive_testkit::cli!()
             .cmd()
-            .args(["--db", "sqlite::memory:", "serve", "--addr", "127.0.0.1:0"])
+            .args(["--db", &db, "serve", "--addr", "127.0.0.1:0"])
             .args(&args)
             .output()
             .unwrap();

@@ -22,6 +22,20 @@
 //! `*token*`, `*secret*`, `*signature*`, `*password*`, `*passwd*`, `*credential*`,
 //! `*private-key*`, `*session*`, `ocp-apim-subscription-key`, `x-auth*`, `x-*-key`.
 //!
+//! # Card data
+//! A payment fleet should store tokens, not card numbers; when a payload carries them anyway
+//! they are masked on every surface too (what is stored, and sent, is unchanged):
+//!
+//! - members named like a card field ([`CARD_NAME_PATTERNS`]: `pan`, `card-number`,
+//!   `cardnumber`, `cvc`, `cvc2`, `cvv`, `cvv2`, compared as secret names are) show
+//!   `"[redacted]"`;
+//! - anything that looks like a card number ([`find_pan`]: 13 to 19 digits, single spaces or
+//!   dashes between them allowed, passing the Luhn check, first digit 2 to 6) in a string or a
+//!   JSON number shows only its last four digits: `4111 1111 1111 1111` → `**** **** **** 1111`.
+//!
+//! [`find_card_data`] names the first such member, for a service that refuses them at enqueue
+//! (`redrive serve --refuse-card-data`).
+//!
 //! Query and `key=value` parameters are secret when their name is a secret name, or one of
 //! [`SECRET_PARAM_NAMES`] (`key`, `sig`, `pass`, `pwd`, `auth`, `code`, `access_token`, …).
 //!
@@ -68,6 +82,18 @@ pub const SECRET_NAME_PATTERNS: &[&str] = &[
     "ocp-apim-subscription-key",
     "x-auth*",
     "x-*-key",
+];
+
+/// Member names of card data (same syntax and comparison as [`SECRET_NAME_PATTERNS`]): their
+/// values are never shown.
+pub const CARD_NAME_PATTERNS: &[&str] = &[
+    "pan",
+    "card-number",
+    "cardnumber",
+    "cvc",
+    "cvc2",
+    "cvv",
+    "cvv2",
 ];
 
 /// Query and `key=value` parameter names that are secret besides the secret names.
@@ -135,11 +161,166 @@ fn glob(pattern: &str, name: &str) -> bool {
 /// Whether a header name or JSON member name is secret (its value is never shown).
 pub fn is_secret_name(name: &str) -> bool {
     let n = normalise(name.trim());
-    if SECRET_NAME_PATTERNS.iter().any(|p| glob(p, &n)) {
+    if SECRET_NAME_PATTERNS.iter().any(|p| glob(p, &n)) || is_card_name_normalised(&n) {
         return true;
     }
     let extra = EXTRA.read().unwrap_or_else(|p| p.into_inner());
     extra.iter().any(|p| glob(p, &n))
+}
+
+/// Whether a JSON member name is one of card data ([`CARD_NAME_PATTERNS`]).
+pub fn is_card_name(name: &str) -> bool {
+    is_card_name_normalised(&normalise(name.trim()))
+}
+
+fn is_card_name_normalised(n: &str) -> bool {
+    CARD_NAME_PATTERNS.iter().any(|p| glob(p, n))
+}
+
+/// Where a card number is in `text`: the byte range of the first run of 13 to 19 digits (single
+/// spaces or dashes between digits allowed) that passes the Luhn check and starts with 2 to 6
+/// (the card networks' major industry identifiers: Mastercard 2 and 5, American Express and
+/// Diners 3, Visa 4, Discover and UnionPay 6). Longer runs (order numbers) are not card
+/// numbers, nor runs that start with 1, as every epoch-millisecond time until 2033 does.
+///
+/// ```
+/// use redrive_http::redact::find_pan;
+/// assert_eq!(find_pan("pay 4111-1111-1111-1111 now"), Some(4..23));
+/// assert_eq!(find_pan("4111111111111112"), None); // not Luhn-valid
+/// assert_eq!(find_pan("at 1764000000005"), None); // a time in milliseconds
+/// ```
+pub fn find_pan(text: &str) -> Option<std::ops::Range<usize>> {
+    pan_runs(text)
+        .into_iter()
+        .find(|r| is_pan(&text[r.clone()]))
+}
+
+/// Every run of digits with single spaces or dashes between them, as byte ranges.
+fn pan_runs(text: &str) -> Vec<std::ops::Range<usize>> {
+    let b = text.as_bytes();
+    let mut runs = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if !b[i].is_ascii_digit() {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        let mut end = i;
+        while i < b.len() {
+            if b[i].is_ascii_digit() {
+                i += 1;
+                end = i;
+            } else if matches!(b[i], b' ' | b'-') && b.get(i + 1).is_some_and(u8::is_ascii_digit) {
+                i += 1;
+            } else {
+                break;
+            }
+        }
+        runs.push(start..end);
+        i = end.max(i);
+    }
+    runs
+}
+
+fn is_pan(run: &str) -> bool {
+    let digits: Vec<u8> = run
+        .bytes()
+        .filter(u8::is_ascii_digit)
+        .map(|d| d - b'0')
+        .collect();
+    (13..=19).contains(&digits.len()) && (2..=6).contains(&digits[0]) && luhn(&digits)
+}
+
+fn luhn(digits: &[u8]) -> bool {
+    let sum: u32 = digits
+        .iter()
+        .rev()
+        .enumerate()
+        .map(|(i, &d)| {
+            let d = u32::from(d);
+            if i % 2 == 1 {
+                if d * 2 > 9 { d * 2 - 9 } else { d * 2 }
+            } else {
+                d
+            }
+        })
+        .sum();
+    sum.is_multiple_of(10)
+}
+
+/// `text` with every card number's digits but the last four replaced by `*` (separators kept).
+pub fn mask_pans(text: &str) -> String {
+    let runs: Vec<_> = pan_runs(text)
+        .into_iter()
+        .filter(|r| is_pan(&text[r.clone()]))
+        .collect();
+    if runs.is_empty() {
+        return text.to_owned();
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut last = 0;
+    for r in runs {
+        out.push_str(&text[last..r.start]);
+        let run = &text[r.clone()];
+        let total = run.bytes().filter(u8::is_ascii_digit).count();
+        let mut seen = 0;
+        for c in run.chars() {
+            if c.is_ascii_digit() {
+                seen += 1;
+                out.push(if seen > total - 4 { c } else { '*' });
+            } else {
+                out.push(c);
+            }
+        }
+        last = r.end;
+    }
+    out.push_str(&text[last..]);
+    out
+}
+
+/// The path of the first card data in a payload (`payload.card.number`, `payload.items[2]`):
+/// a member named like a card field with a value, or a string or number that is a card number
+/// ([`find_pan`]). `None` when there is none.
+///
+/// ```
+/// use redrive_http::redact::find_card_data;
+/// use serde_json::json;
+/// let p = json!({"amount": 5, "source": {"cardNumber": "tok_1"}});
+/// assert_eq!(find_card_data(&p).as_deref(), Some("payload.source.cardNumber"));
+/// assert_eq!(find_card_data(&json!({"note": "4242 4242 4242 4242"})).as_deref(),
+///            Some("payload.note"));
+/// assert_eq!(find_card_data(&json!({"token": "pm_1", "at": 1764000000005u64})), None);
+/// ```
+pub fn find_card_data(payload: &Value) -> Option<String> {
+    fn walk(v: &Value, path: &mut String) -> bool {
+        match v {
+            Value::Object(m) => m.iter().any(|(k, v)| {
+                let len = path.len();
+                path.push('.');
+                path.push_str(k);
+                let found = (is_card_name(k) && !v.is_null()) || walk(v, path);
+                if !found {
+                    path.truncate(len);
+                }
+                found
+            }),
+            Value::Array(a) => a.iter().enumerate().any(|(i, v)| {
+                let len = path.len();
+                path.push_str(&format!("[{i}]"));
+                let found = walk(v, path);
+                if !found {
+                    path.truncate(len);
+                }
+                found
+            }),
+            Value::String(s) => find_pan(s).is_some(),
+            Value::Number(n) => find_pan(&n.to_string()).is_some(),
+            _ => false,
+        }
+    }
+    let mut path = String::from("payload");
+    walk(payload, &mut path).then_some(path)
 }
 
 /// Whether a query or `key=value` parameter name is secret.
@@ -189,6 +370,14 @@ pub fn redact_value(v: &Value) -> Value {
         ),
         Value::Array(a) => Value::Array(a.iter().map(redact_value).collect()),
         Value::String(s) => Value::String(redact_text(s)),
+        Value::Number(n) => {
+            let text = n.to_string();
+            if find_pan(&text).is_some() {
+                Value::String(mask_pans(&text))
+            } else {
+                v.clone()
+            }
+        }
         other => other.clone(),
     }
 }
@@ -206,11 +395,11 @@ pub fn redact_url(url: &str) -> String {
 }
 
 /// Free text with every secret masked: URL credentials, secret query and `key=value`
-/// parameters, `Bearer`/`Basic` credentials.
+/// parameters, `Bearer`/`Basic` credentials, and card numbers ([`mask_pans`]).
 pub fn redact_text(text: &str) -> String {
     let with_urls = redact_urls_in(text);
     let with_params = redact_params_in(&with_urls);
-    redact_schemes_in(&with_params)
+    mask_pans(&redact_schemes_in(&with_params))
 }
 
 /// Characters that end a URL inside free text.
@@ -478,6 +667,56 @@ mod tests {
         assert_eq!(r["body"]["card"]["amount"], 5);
         assert_eq!(r["body"]["password"], Value::Null);
         assert_eq!(r["method"], "POST");
+    }
+
+    /// A payload with `card_number`, `pan` and `cvc` showed the full number and CVC.
+    #[test]
+    fn card_data_is_masked_by_name_and_by_value() {
+        let v = json!({
+            "card_number": "4111111111111111", "PAN": "5500005555555559", "cvc": "8642",
+            "cardNumber": 4_012_888_888_881_881_u64, "CVV2": 123,
+            "note": "card 4242-4242-4242-4242 declined", "big": 4_242_424_242_424_242_u64,
+            "order": "12345678901234567890123", "at": 1_764_000_000_005_u64,
+            "nothing": null
+        });
+        let r = redact_value(&v);
+        let s = r.to_string();
+        for t in [
+            "4111111111111111",
+            "5500005555555559",
+            "8642",
+            "4012888888881881",
+            "123,",
+            "4242-4242-4242-4242",
+            "4242424242424242",
+        ] {
+            assert!(!s.contains(t), "{t} survived in {s}");
+        }
+        assert_eq!(r["card_number"], REDACTED);
+        assert_eq!(r["cvc"], REDACTED);
+        assert_eq!(r["CVV2"], REDACTED);
+        assert_eq!(r["note"], "card ****-****-****-4242 declined");
+        assert_eq!(r["big"], "************4242");
+        assert_eq!(r["order"], "12345678901234567890123");
+        assert_eq!(r["at"], 1_764_000_000_005_u64);
+        assert_eq!(r["nothing"], Value::Null);
+        assert_eq!(redact_text("pan=4111111111111111"), "pan=***");
+        assert_eq!(redact_text("4111 1111 1111 1111"), "**** **** **** 1111");
+    }
+
+    #[test]
+    fn card_data_is_found_with_its_path() {
+        assert_eq!(
+            find_card_data(&json!({"items": [{"ok": 1}, {"card": {"cvv": "1"}}]})).as_deref(),
+            Some("payload.items[1].card.cvv")
+        );
+        assert_eq!(
+            find_card_data(&json!({"list": ["x", 4111111111111111_u64]})).as_deref(),
+            Some("payload.list[1]")
+        );
+        assert_eq!(find_card_data(&json!({"pan": null, "token": "pm_1"})), None);
+        assert_eq!(find_pan("4111111111111112"), None);
+        assert_eq!(find_pan("4111  1111 1111 1111"), None);
     }
 
     #[test]

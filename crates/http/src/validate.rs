@@ -135,6 +135,13 @@ impl From<StoreError> for EnqueueError {
 /// [`EnqueueError::Invalid`] naming the first bad field.
 pub fn validate_new_job(job: &NewJob, now: Timestamp) -> Result<(), EnqueueError> {
     job.validate()?;
+    check_confusable("queue", &job.queue)?;
+    if let Some(key) = &job.key {
+        check_confusable("key", key)?;
+    }
+    if let Some(dependency) = &job.dependency {
+        check_confusable("dependency", dependency)?;
+    }
     let size = serde_json::to_vec(&job.payload).map_or(usize::MAX, |b| b.len());
     if size > MAX_PAYLOAD_BYTES {
         return Err(EnqueueError::invalid(
@@ -148,6 +155,47 @@ pub fn validate_new_job(job: &NewJob, now: Timestamp) -> Result<(), EnqueueError
     }
     if job.kind == "http" {
         HttpPayload::parse(&job.payload)?;
+    }
+    Ok(())
+}
+
+/// The script of a letter that looks like a Latin one (`None`: Latin or another script).
+fn confusable_script(c: char) -> Option<&'static str> {
+    match c {
+        '\u{0370}'..='\u{03FF}' | '\u{1F00}'..='\u{1FFF}' => Some("Greek"),
+        '\u{0400}'..='\u{052F}'
+        | '\u{1C80}'..='\u{1C8F}'
+        | '\u{2DE0}'..='\u{2DFF}'
+        | '\u{A640}'..='\u{A69F}' => Some("Cyrillic"),
+        '\u{0530}'..='\u{058F}' => Some("Armenian"),
+        '\u{FF01}'..='\u{FF5E}' => Some("fullwidth"),
+        _ => None,
+    }
+}
+
+/// Refuses a name that mixes Latin letters with letters of a script whose letters look like
+/// Latin ones (Cyrillic `а` for `a`): `pаyments` and `payments` would be two queues, or two
+/// keys, that no one can tell apart on a screen. A name wholly in one script is fine.
+///
+/// # Errors
+/// [`EnqueueError::Invalid`] naming the field and the first such character as `U+XXXX`.
+pub fn check_confusable(field: &'static str, value: &str) -> Result<(), EnqueueError> {
+    if !value.chars().any(|c| c.is_ascii_alphabetic()) {
+        return Ok(());
+    }
+    if let Some((c, script)) = value
+        .chars()
+        .find_map(|c| confusable_script(c).map(|s| (c, s)))
+    {
+        return Err(EnqueueError::invalid(
+            field,
+            &value.escape_unicode().to_string(),
+            format!(
+                "mixes Latin letters with U+{:04X} ({script}), which looks like a Latin letter; \
+                 use one script",
+                c as u32
+            ),
+        ));
     }
     Ok(())
 }

@@ -130,6 +130,7 @@ pub struct IdempotencyConfig {
     pub(crate) in_progress_retry_after: Duration,
     pub(crate) unavailable_retry_after: Duration,
     pub(crate) store_5xx: bool,
+    pub(crate) store_400: bool,
     pub(crate) recovery: RecoveryMode,
     pub(crate) replayed_headers: Vec<HeaderName>,
     pub(crate) problem_base: String,
@@ -152,6 +153,7 @@ impl IdempotencyConfig {
             in_progress_retry_after: DEFAULT_IN_PROGRESS_RETRY_AFTER,
             unavailable_retry_after: DEFAULT_UNAVAILABLE_RETRY_AFTER,
             store_5xx: false,
+            store_400: true,
             recovery: RecoveryMode::Explicit,
             replayed_headers: DEFAULT_REPLAYED_HEADERS.to_vec(),
             problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
@@ -197,6 +199,7 @@ impl IdempotencyConfig {
 /// - retention [`DEFAULT_RETENTION`] (24 h)
 /// - `Retry-After`: 1 s on 409 in progress, 5 s on 503 store unavailable
 /// - 5xx: released, not stored; recovery of abandoned records: [`RecoveryMode::Explicit`]
+/// - 400: stored and replayed ([`IdempotencyLayerBuilder::with_store_400`])
 /// - replayed headers: [`DEFAULT_REPLAYED_HEADERS`]
 /// - problem types: [`DEFAULT_PROBLEM_BASE`] + slug; no docs link
 #[derive(Debug, Clone)]
@@ -304,6 +307,17 @@ impl IdempotencyLayerBuilder {
     #[must_use]
     pub fn with_store_5xx(mut self, store: bool) -> Self {
         self.config.store_5xx = store;
+        self
+    }
+
+    /// Stores and replays a 400 (on by default). Off: a 400 (a malformed request, which had
+    /// no effect) releases the key, so that the corrected request may use it.
+    ///
+    /// # Default
+    /// `true`.
+    #[must_use]
+    pub fn with_store_400(mut self, store: bool) -> Self {
+        self.config.store_400 = store;
         self
     }
 

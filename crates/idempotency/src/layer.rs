@@ -577,6 +577,13 @@ where
         release("5xx").await;
         return Ok(response.map(Body::new));
     }
+    if response.status() == StatusCode::BAD_REQUEST && !config.store_400 {
+        // A malformed request had no effect: the key is free for the corrected one.
+        if let Err(e) = store.forget(id, token).await {
+            tracing::warn!(record = id.0, error = %e, "giving the key up after a 400 failed");
+        }
+        return Ok(response.map(Body::new));
+    }
     let (parts, body) = response.into_parts();
     let bytes = match axum::body::to_bytes(Body::new(body), usize::MAX).await {
         Ok(bytes) => bytes,

@@ -8,7 +8,7 @@
 //! that need the database ([`JOBS`], [`OLDEST_AVAILABLE_SECONDS`]) are set by one background
 //! task ([`spawn_gauges`], or the worker's own loop), never by a scrape.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -17,6 +17,7 @@ use redrive_policy::{FailureClass, Timestamp};
 use tokio_util::sync::CancellationToken;
 
 use redrive_policy::BreakerState;
+use redrive_store::labels::{dependency_label, queue_label};
 use redrive_store::{QueueCount, Store};
 
 /// `redrive_attempts_total{queue,kind,class}`: every call to a handler.
@@ -212,7 +213,7 @@ pub fn describe() {
 /// their first event (Prometheus cannot tell a missing series from a quiet one).
 pub fn start_queues(queues: &[String]) {
     for q in queues {
-        metrics::counter!(JOBS_RESCUED_TOTAL, "queue" => q.clone()).increment(0);
+        metrics::counter!(JOBS_RESCUED_TOTAL, "queue" => queue_label(q)).increment(0);
     }
 }
 
@@ -224,6 +225,8 @@ pub fn start_queues(queues: &[String]) {
 #[derive(Debug)]
 pub(crate) struct JobMetrics {
     queue: String,
+    /// The queue's label ([`queue_label`]: itself, or `other` beyond the cap).
+    label: String,
     kind: String,
     queue_latency: OnceLock<metrics::Histogram>,
     duration: OnceLock<metrics::Histogram>,
@@ -237,6 +240,7 @@ impl JobMetrics {
     pub(crate) fn new(queue: &str, kind: &str) -> Self {
         Self {
             queue: queue.to_owned(),
+            label: queue_label(queue),
             kind: kind.to_owned(),
             queue_latency: OnceLock::new(),
             duration: OnceLock::new(),
@@ -254,14 +258,14 @@ impl JobMetrics {
     pub(crate) fn queue_latency(&self, waited: Duration) {
         (self.queue_latency)
             .get_or_init(
-                || metrics::histogram!(QUEUE_LATENCY_SECONDS, "queue" => self.queue.clone()),
+                || metrics::histogram!(QUEUE_LATENCY_SECONDS, "queue" => self.label.clone()),
             )
             .record(waited.as_secs_f64());
     }
 
     /// An attempt of `class` that took `took`.
     pub(crate) fn attempt(&self, class: FailureClass, took: Duration) {
-        let (q, k) = (&self.queue, &self.kind);
+        let (q, k) = (&self.label, &self.kind);
         let i = FailureClass::ALL
             .iter()
             .position(|c| *c == class)
@@ -279,7 +283,7 @@ impl JobMetrics {
 
     /// A job that succeeded.
     pub(crate) fn succeeded(&self) {
-        let (q, k) = (&self.queue, &self.kind);
+        let (q, k) = (&self.label, &self.kind);
         (self.succeeded)
             .get_or_init(|| {
                 metrics::counter!(JOBS_FINISHED_TOTAL, "queue" => q.clone(), "kind" => k.clone(),
@@ -326,7 +330,7 @@ impl JobMetricsCache {
 }
 
 pub(crate) fn rescued(queue: &str) {
-    metrics::counter!(JOBS_RESCUED_TOTAL, "queue" => queue.to_owned()).increment(1);
+    metrics::counter!(JOBS_RESCUED_TOTAL, "queue" => queue_label(queue)).increment(1);
 }
 
 /// Counts a call to `dependency` in flight while it lives.
@@ -335,7 +339,7 @@ pub(crate) struct Inflight(metrics::Gauge);
 
 impl Inflight {
     pub(crate) fn start(dependency: &str) -> Self {
-        let g = metrics::gauge!(DEPENDENCY_INFLIGHT, "dependency" => dependency.to_owned());
+        let g = metrics::gauge!(DEPENDENCY_INFLIGHT, "dependency" => dependency_label(dependency));
         g.increment(1.0);
         Self(g)
     }
@@ -356,7 +360,7 @@ pub(crate) fn scheduled(schedule: &str) {
 }
 
 pub(crate) fn finished(queue: &str, kind: &str, state: &str, reason: &str) {
-    metrics::counter!(JOBS_FINISHED_TOTAL, "queue" => queue.to_owned(), "kind" => kind.to_owned(),
+    metrics::counter!(JOBS_FINISHED_TOTAL, "queue" => queue_label(queue), "kind" => kind.to_owned(),
         "state" => state.to_owned(), "reason" => reason.to_owned())
     .increment(1);
 }
@@ -370,40 +374,65 @@ pub(crate) fn lease_lost() {
 }
 
 pub(crate) fn breaker(dependency: &str, from: BreakerState, to: BreakerState) {
-    metrics::counter!(BREAKER_TRANSITIONS_TOTAL, "dependency" => dependency.to_owned(),
+    metrics::counter!(BREAKER_TRANSITIONS_TOTAL, "dependency" => dependency_label(dependency),
         "from" => from.as_str(), "to" => to.as_str())
     .increment(1);
     breaker_state(dependency, to);
 }
 
 pub(crate) fn rate_limit(dependency: &str, rps: Option<f64>) {
-    metrics::gauge!(DEPENDENCY_RATE_LIMIT, "dependency" => dependency.to_owned())
+    metrics::gauge!(DEPENDENCY_RATE_LIMIT, "dependency" => dependency_label(dependency))
         .set(rps.unwrap_or(0.0));
 }
 
 pub(crate) fn breaker_state(dependency: &str, state: BreakerState) {
-    metrics::gauge!(BREAKER_STATE, "dependency" => dependency.to_owned()).set(state.gauge());
+    metrics::gauge!(BREAKER_STATE, "dependency" => dependency_label(dependency)).set(state.gauge());
 }
 
-/// The queues this process has published gauges for: a queue that emptied (or was pruned
-/// away) is set to 0 rather than left at its last value.
+/// The queue labels this process has published gauges for: a queue that emptied (or was
+/// pruned away) is set to 0 rather than left at its last value. Bounded by the label cap.
 static SEEN: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
 
-/// Sets `redrive_jobs{queue,state}` from the store's counts (every state of every queue seen
-/// so far; states and queues that emptied are set to 0).
+/// The store's counts by queue label: the busiest queues are offered a label of their own
+/// first ([`queue_label`]), and every queue beyond the cap is summed into `other`.
+fn counts_by_label(counts: &[QueueCount]) -> BTreeMap<String, BTreeMap<&'static str, u64>> {
+    let mut totals: BTreeMap<&str, u64> = BTreeMap::new();
+    for c in counts {
+        *totals.entry(c.queue.as_str()).or_default() += c.count;
+    }
+    let mut busiest: Vec<(&str, u64)> = totals.into_iter().collect();
+    busiest.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let labels: BTreeMap<&str, String> =
+        busiest.iter().map(|(q, _)| (*q, queue_label(q))).collect();
+    let mut out: BTreeMap<String, BTreeMap<&'static str, u64>> = BTreeMap::new();
+    for c in counts {
+        let label = labels[c.queue.as_str()].clone();
+        *out.entry(label)
+            .or_default()
+            .entry(c.state.as_str())
+            .or_default() += c.count;
+    }
+    out
+}
+
+/// Sets `redrive_jobs{queue,state}` from the store's counts (every state of every queue label
+/// seen so far; states and queues that emptied are set to 0; queues beyond the label cap are
+/// summed under `other`).
 pub async fn publish_counts(store: &Store) -> Result<Vec<QueueCount>, redrive_store::StoreError> {
     let counts = store.counts().await?;
+    let by_label = counts_by_label(&counts);
     let queues: Vec<String> = {
         let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
-        seen.extend(counts.iter().map(|c| c.queue.clone()));
+        seen.extend(by_label.keys().cloned());
         seen.iter().cloned().collect()
     };
     for q in &queues {
+        let states = by_label.get(q);
         for state in redrive_store::JobState::ALL {
-            let n = counts
-                .iter()
-                .find(|c| &c.queue == q && c.state == state)
-                .map_or(0, |c| c.count);
+            let n = states
+                .and_then(|s| s.get(state.as_str()))
+                .copied()
+                .unwrap_or(0);
             metrics::gauge!(JOBS, "queue" => q.to_owned(), "state" => state.as_str()).set(n as f64);
         }
     }
@@ -423,7 +452,7 @@ pub const DECLINES_TOTAL: &str = "redrive_declines_total";
 pub const REATTEMPTS_BLOCKED_TOTAL: &str = "redrive_reattempts_blocked_total";
 
 pub(crate) fn declined(dependency: &str, network: &str, category: String) {
-    metrics::counter!(DECLINES_TOTAL, "dependency" => dependency.to_owned(),
+    metrics::counter!(DECLINES_TOTAL, "dependency" => dependency_label(dependency),
         "network" => network.to_owned(), "category" => category)
     .increment(1);
 }
@@ -446,13 +475,15 @@ pub async fn publish_gauges(
         .iter()
         .cloned()
         .collect();
+    // The oldest of a label's queues (`other`: of every queue beyond the cap).
+    let mut ages: BTreeMap<String, f64> = BTreeMap::new();
+    for (name, t) in &oldest {
+        let age = (now - *t).num_milliseconds().max(0) as f64 / 1000.0;
+        let e = ages.entry(queue_label(name)).or_default();
+        *e = e.max(age);
+    }
     for q in queues {
-        let age = oldest
-            .iter()
-            .find(|(name, _)| *name == q)
-            .map_or(0.0, |(_, t)| {
-                (now - *t).num_milliseconds().max(0) as f64 / 1000.0
-            });
+        let age = ages.get(&q).copied().unwrap_or(0.0);
         metrics::gauge!(OLDEST_AVAILABLE_SECONDS, "queue" => q).set(age);
     }
     Ok(counts)

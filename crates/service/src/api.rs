@@ -132,6 +132,10 @@ pub(crate) fn enqueue_problem(e: redrive_http::EnqueueError) -> ApiError {
     }
 }
 
+/// Why a payload with card data is refused (`--refuse-card-data`).
+pub(crate) const CARD_DATA_REFUSED: &str = "the payload carries card data (a card number or a \
+    card field such as cvc); this service refuses it: send a token from your PSP instead";
+
 /// Turns the body of `POST /v1/jobs` into a job, naming the first bad field.
 pub(crate) fn parse_enqueue(
     state: &AppState,
@@ -169,6 +173,12 @@ pub(crate) fn parse_enqueue(
     let priority: Option<i32> = take_int(&mut obj, "priority")?;
     let max_attempts: Option<u32> = take_int(&mut obj, "max_attempts")?;
     let quota_key: Option<String> = take(&mut obj, "quota_key")?;
+    if state.inner.refuse_card_data
+        && let Some(path) = redrive_http::redact::find_card_data(&payload)
+    {
+        let detail = format!("{path}: {CARD_DATA_REFUSED}");
+        return Err(ApiError::unprocessable(path, "", detail));
+    }
 
     let policy_name = policy_name.as_deref().unwrap_or("payment");
     let policy = state
@@ -535,10 +545,23 @@ pub(crate) async fn cancel_one(
 }
 
 /// Every breaker with its recent transitions.
-pub(crate) async fn breaker_views(store: &Store) -> Result<Vec<BreakerView>, ApiError> {
+pub(crate) async fn breaker_views(
+    store: &Store,
+    range: Option<(usize, usize)>,
+) -> Result<(Vec<BreakerView>, usize), ApiError> {
     let now = chrono::Utc::now();
+    let mut deps = store.dependencies().await?;
+    let total = deps.len();
+    if let Some((offset, limit)) = range {
+        // The ones that need attention first (not closed, or paused), then by name.
+        let quiet = |d: &redrive_store::Dependency| {
+            d.flow.state == redrive_policy::BreakerState::Closed && d.flow.paused_until.is_none()
+        };
+        deps.sort_by(|a, b| (quiet(a), &a.name).cmp(&(quiet(b), &b.name)));
+        deps = deps.into_iter().skip(offset).take(limit).collect();
+    }
     let mut out = Vec::new();
-    for d in store.dependencies().await? {
+    for d in deps {
         let events = store
             .dependency_events(Some(&d.name), TRANSITIONS_PER_BREAKER)
             .await?;
@@ -548,7 +571,7 @@ pub(crate) async fn breaker_views(store: &Store) -> Result<Vec<BreakerView>, Api
             events.into_iter().map(TransitionView::from).collect(),
         ));
     }
-    Ok(out)
+    Ok((out, total))
 }
 
 /// Jobs per queue and state, the breakers, and the jobs waiting for a queue and kind that no
@@ -561,12 +584,40 @@ pub(crate) async fn breaker_views(store: &Store) -> Result<Vec<BreakerView>, Api
         (status = 503, description = "Store unavailable", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
-pub(crate) async fn stats(State(state): State<AppState>) -> Result<Json<StatsResponse>, ApiError> {
-    let counts = state.inner.store.counts().await?;
-    let unhandled = state.inner.store.unhandled(state.now()).await?;
+pub(crate) async fn stats(
+    State(state): State<AppState>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<StatsResponse>, ApiError> {
+    let mut limit = DEFAULT_STATS_LIMIT;
+    for (k, v) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        match k.as_ref() {
+            "limit" => {
+                limit = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=1000).contains(n))
+                    .ok_or_else(|| {
+                        ApiError::bad_field("limit", &v, "limit must be a whole number 1..=1000")
+                    })?;
+            }
+            k => return Err(unknown_param(k, &STATS_PARAMS)),
+        }
+    }
+    let store = &state.inner.store;
+    let (counts, more_queues) = redrive_store::labels::busiest_queues(store.counts().await?, limit);
+    let mut unhandled = store.unhandled(state.now()).await?;
+    unhandled.sort_by_key(|u| std::cmp::Reverse(u.jobs));
+    let more_unhandled = unhandled.len().saturating_sub(limit);
+    unhandled.truncate(limit);
+    let (breakers, total) = breaker_views(store, Some((0, limit))).await?;
     Ok(Json(StatsResponse {
         counts: counts.into_iter().map(CountView::from).collect(),
-        breakers: breaker_views(&state.inner.store).await?,
+        more: crate::views::MoreView {
+            queues: more_queues,
+            breakers: total - breakers.len(),
+            unhandled: more_unhandled,
+        },
+        breakers,
         unhandled: unhandled.into_iter().map(UnhandledView::from).collect(),
     }))
 }
@@ -591,6 +642,12 @@ pub(crate) async fn workers(
     }))
 }
 
+/// At most this many queues, breakers and unhandled rows in `GET /v1/stats` by default.
+pub(crate) const DEFAULT_STATS_LIMIT: usize = 100;
+
+/// The query parameters of `GET /v1/stats`.
+const STATS_PARAMS: [&str; 1] = ["limit"];
+
 /// Circuit breakers per dependency: state, next probe, pause, recent transitions.
 #[utoipa::path(
     get, path = "/v1/breakers", tag = "fleet",
@@ -604,7 +661,7 @@ pub(crate) async fn breakers(
     State(state): State<AppState>,
 ) -> Result<Json<BreakersResponse>, ApiError> {
     Ok(Json(BreakersResponse {
-        breakers: breaker_views(&state.inner.store).await?,
+        breakers: breaker_views(&state.inner.store, None).await?.0,
     }))
 }
 
@@ -836,7 +893,7 @@ impl Modify for BearerAuth {
     components(schemas(
         EnqueueRequest, EnqueueResponse, JobView, AttemptView, JobPage, JobDetail, StateName,
         CountView, BreakerView, TransitionView, BreakersResponse, StatsResponse, Health, ProblemBody,
-        UnhandledView, WorkerView, WorkersResponse,
+        UnhandledView, WorkerView, WorkersResponse, crate::views::MoreView,
         crate::idempotency::IdempotencyRecordView, crate::idempotency::IdempotencyPage,
         crate::schedules::ScheduleRequest, crate::schedules::ScheduleView,
         crate::schedules::ScheduleList, crate::schedules::ScheduleUpsert,

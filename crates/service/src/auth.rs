@@ -21,6 +21,10 @@ pub const SESSION_COOKIE: &str = "redrive_session";
 /// The least number of characters of a token when serving beyond loopback.
 pub const MIN_PUBLIC_TOKEN_CHARS: usize = 16;
 
+/// The least number of distinct characters of a token when serving beyond loopback: sixteen
+/// of one repeated letter is long and guessable (a random hex token of 16 has about 10).
+pub const MIN_PUBLIC_TOKEN_DISTINCT: usize = 6;
+
 /// A configured token, kept only as a digest, with its label and role.
 pub(crate) struct Token {
     digest: [u8; 32],

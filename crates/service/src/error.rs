@@ -43,6 +43,19 @@ pub enum ServiceError {
         /// The least accepted.
         min: usize,
     },
+    /// Beyond loopback, a token made of fewer than
+    /// [`MIN_PUBLIC_TOKEN_DISTINCT`](crate::MIN_PUBLIC_TOKEN_DISTINCT) distinct characters.
+    #[error(
+        "refusing to listen on {addr} with a token of {distinct} distinct characters: beyond loopback the token needs at least {min} (a random one, e.g. `openssl rand -hex 32` in a --token-file)"
+    )]
+    TokenTooSimple {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The token's distinct characters.
+        distinct: usize,
+        /// The least accepted.
+        min: usize,
+    },
     /// A `--public-host` value is not a host with an optional port.
     #[error("--public-host: {value:?}: {reason}")]
     InvalidPublicHost {

@@ -39,7 +39,7 @@ mod state;
 mod views;
 
 pub use api::{ApiDoc, MAX_DELAY, TRANSITIONS_PER_BREAKER, openapi_document};
-pub use auth::{MIN_PUBLIC_TOKEN_CHARS, SESSION_COOKIE};
+pub use auth::{MIN_PUBLIC_TOKEN_CHARS, MIN_PUBLIC_TOKEN_DISTINCT, SESSION_COOKIE};
 pub use conn::{ConnLimits, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
 pub use error::{ApiError, PROBLEM_BASE, PROBLEM_JSON, ProblemBody, ServiceError};
 pub use guard::validate_public_host;

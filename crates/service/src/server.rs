@@ -10,7 +10,7 @@ use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 
-use crate::auth::MIN_PUBLIC_TOKEN_CHARS;
+use crate::auth::{MIN_PUBLIC_TOKEN_CHARS, MIN_PUBLIC_TOKEN_DISTINCT};
 use crate::error::{ApiError, PROBLEM_JSON, ServiceError};
 use crate::state::{AppState, MAX_BODY_BYTES, ServiceConfig};
 use crate::{api, auth, conn, dashboard, guard, idempotency, operator, schedules};
@@ -129,10 +129,11 @@ fn is_loopback(addr: &std::net::SocketAddr) -> bool {
 }
 
 /// Whether `token` may guard a service on `addr`: beyond loopback a token is required, of at
-/// least [`MIN_PUBLIC_TOKEN_CHARS`] characters.
+/// least [`MIN_PUBLIC_TOKEN_CHARS`] characters, [`MIN_PUBLIC_TOKEN_DISTINCT`] of them distinct.
 ///
 /// # Errors
-/// [`ServiceError::TokenRequired`], [`ServiceError::TokenTooShort`].
+/// [`ServiceError::TokenRequired`], [`ServiceError::TokenTooShort`],
+/// [`ServiceError::TokenTooSimple`].
 pub fn check_exposure(
     addr: &std::net::SocketAddr,
     token: Option<&str>,
@@ -147,7 +148,17 @@ pub fn check_exposure(
             chars: t.chars().count(),
             min: MIN_PUBLIC_TOKEN_CHARS,
         }),
-        Some(_) => Ok(()),
+        Some(t) => {
+            let distinct = t.chars().collect::<std::collections::BTreeSet<_>>().len();
+            if distinct < MIN_PUBLIC_TOKEN_DISTINCT {
+                return Err(ServiceError::TokenTooSimple {
+                    addr: *addr,
+                    distinct,
+                    min: MIN_PUBLIC_TOKEN_DISTINCT,
+                });
+            }
+            Ok(())
+        }
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
-use redrive_idempotency::{IdempotencyLayer, IdempotencyStore, RecoveryMode, Scope};
+use redrive_idempotency::{Fingerprint, IdempotencyLayer, IdempotencyStore, RecoveryMode, Scope};
 use redrive_policy::PolicySet;
 use redrive_store::{Clock, Store, SystemClock};
 use tokio::sync::Semaphore;
@@ -161,6 +161,10 @@ pub struct AppConfig {
     pub idempotency_recovery_window: Option<Duration>,
     /// More checks of `/readyz` (e.g. the in-process worker pool).
     pub ready_checks: Vec<ReadyCheck>,
+    /// Refuse (422, naming the member) an enqueue whose payload carries card data: a member
+    /// named like a card field or a card number ([`redrive_http::redact::find_card_data`])
+    /// (`--refuse-card-data`). Card data is masked on every surface either way.
+    pub refuse_card_data: bool,
 }
 
 impl Default for AppConfig {
@@ -178,6 +182,7 @@ impl Default for AppConfig {
             clock: None,
             idempotency_recovery_window: None,
             ready_checks: Vec::new(),
+            refuse_card_data: false,
         }
     }
 }
@@ -199,6 +204,7 @@ impl fmt::Debug for AppConfig {
                 &self.idempotency_recovery_window,
             )
             .field("ready_checks", &self.ready_checks)
+            .field("refuse_card_data", &self.refuse_card_data)
             .finish_non_exhaustive()
     }
 }
@@ -240,6 +246,8 @@ pub(crate) struct Inner {
     pub(crate) logins: LoginLimiter,
     pub(crate) cookie_secure: bool,
     pub(crate) metrics_public: bool,
+    /// [`AppConfig::refuse_card_data`].
+    pub(crate) refuse_card_data: bool,
     pub(crate) connections: ConnLimits,
     /// One permit per connection being served.
     pub(crate) connection_slots: Arc<Semaphore>,
@@ -326,6 +334,10 @@ impl AppState {
             .with_lease(window)
             .with_heartbeat_interval(window / 3)
             .with_max_request_bytes(MAX_BODY_BYTES)
+            // The same JSON with other whitespace or member order is the same request; a 400
+            // (a malformed request, no job made) leaves the key free for the corrected one.
+            .with_fingerprint(Fingerprint::CanonicalJson)
+            .with_store_400(false)
             .with_problem_base(format!("{}idempotency/", crate::error::PROBLEM_BASE))
             .build()
             .map_err(ServiceError::IdempotencyConfig)?;
@@ -344,6 +356,7 @@ impl AppState {
                 clock,
                 cookie_secure: config.cookie_secure,
                 metrics_public: config.metrics_public,
+                refuse_card_data: config.refuse_card_data,
                 connections: limits,
                 connection_slots: Arc::new(Semaphore::new(
                     limits.max_connections.min(Semaphore::MAX_PERMITS),

@@ -444,6 +444,20 @@ pub struct StatsResponse {
     /// runs: they will not run until such a worker starts (empty when every waiting job has
     /// one).
     pub unhandled: Vec<UnhandledView>,
+    /// What was left out by the `limit` (default 100): the quietest queues, the closed
+    /// breakers, the smallest unhandled groups.
+    pub more: MoreView,
+}
+
+/// How many rows a bounded listing left out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, ToSchema)]
+pub struct MoreView {
+    /// Queues not in `counts`.
+    pub queues: usize,
+    /// Breakers not in `breakers`.
+    pub breakers: usize,
+    /// Rows not in `unhandled`.
+    pub unhandled: usize,
 }
 
 /// Jobs waiting for a queue and kind no live worker runs.

@@ -49,6 +49,7 @@ mod clock;
 mod error;
 mod insights;
 mod json_ms;
+pub mod labels;
 mod model;
 mod operator;
 mod ops;
@@ -103,7 +104,7 @@ pub use workers::{Unhandled, WORKER_STALE_AFTER, WorkerInfo};
 pub const ENQUEUED_TOTAL: &str = "redrive_enqueued_total";
 
 fn count_enqueued(job: &NewJob) {
-    metrics::counter!(ENQUEUED_TOTAL, "queue" => job.queue.clone(), "kind" => job.kind.clone())
+    metrics::counter!(ENQUEUED_TOTAL, "queue" => labels::queue_label(&job.queue), "kind" => job.kind.clone())
         .increment(1);
 }
 

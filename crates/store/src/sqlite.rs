@@ -26,39 +26,90 @@ pub struct SqliteStore {
     pub(crate) file: Option<Arc<FileIdentity>>,
 }
 
-/// Which file was opened: its path and, on Unix, its device and inode. A file deleted or
-/// replaced under a running process is not the one it writes to any more: the process goes on
-/// writing to the unlinked (or old) inode, and everything written is gone at the next start.
+/// Which files were opened: the database, its write-ahead log (`-wal`) and its shared-memory
+/// index (`-shm`), by path and, on Unix, device and inode. A file deleted or replaced under a
+/// running process is not the one it writes to any more: the process goes on writing to the
+/// unlinked (or old) inode, and everything written is gone at the next start. The log holds
+/// every commit not yet checkpointed, so losing it loses acknowledged jobs just as losing the
+/// database does.
+///
+/// The identity holds a connection of its own for the store's lifetime: SQLite deletes the log
+/// and the index when the last connection to the file closes, and a pool that recycles its
+/// connections would otherwise make new ones that a check would take for a replacement.
 #[derive(Debug)]
 pub(crate) struct FileIdentity {
     path: std::path::PathBuf,
     #[cfg(unix)]
     id: (u64, u64),
+    /// The log and the index, each with its identity when the store was opened (`None`: it
+    /// did not exist then, so it is not checked).
+    companions: Vec<(std::path::PathBuf, Option<(u64, u64)>)>,
+    /// Set once a broken identity has been logged (the error is logged once, returned always).
+    reported: std::sync::atomic::AtomicBool,
+    /// Keeps the log and the index in place while the store lives.
+    _anchor: std::sync::Mutex<Option<SqliteConnection>>,
+}
+
+/// A file's device and inode (`(0, 0)` on other systems, where only existence is checked).
+fn file_id(meta: &std::fs::Metadata) -> (u64, u64) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        (meta.dev(), meta.ino())
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = meta;
+        (0, 0)
+    }
 }
 
 impl FileIdentity {
-    /// The identity of the file at `path` now (`None` when there is none: an in-memory
-    /// database).
-    fn of(path: &std::path::Path) -> Option<Self> {
+    /// The identity of the file at `path` and of its log and index now (`None` when there is
+    /// no file: an in-memory database).
+    fn of(path: &std::path::Path, anchor: Option<SqliteConnection>) -> Option<Self> {
         let meta = std::fs::metadata(path).ok()?;
         let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::MetadataExt;
-            Some(Self {
-                path,
-                id: (meta.dev(), meta.ino()),
+        let companions = ["-wal", "-shm"]
+            .iter()
+            .map(|suffix| {
+                let mut p = path.clone().into_os_string();
+                p.push(suffix);
+                let p = std::path::PathBuf::from(p);
+                let id = std::fs::metadata(&p).ok().map(|m| file_id(&m));
+                (p, id)
             })
-        }
+            .collect();
         #[cfg(not(unix))]
-        {
-            let _ = meta;
-            Some(Self { path })
-        }
+        let _ = &meta;
+        Some(Self {
+            #[cfg(unix)]
+            id: file_id(&meta),
+            path,
+            companions,
+            reported: std::sync::atomic::AtomicBool::new(false),
+            _anchor: std::sync::Mutex::new(anchor),
+        })
     }
 
-    /// `Ok` while the path still names the file opened.
+    /// `Ok` while the path still names the file opened, and its log and index are the ones
+    /// opened. The first failure is also logged (an error line): a worker that stops
+    /// claiming says why.
     pub(crate) fn check(&self) -> Result<()> {
+        let out = self.compare();
+        if let Err(e) = &out
+            && !self
+                .reported
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::error!(
+                "{e}; enqueues are refused and workers stop claiming until redrive is restarted"
+            );
+        }
+        out
+    }
+
+    fn compare(&self) -> Result<()> {
         let changed = |reason: String| StoreError::FileChanged {
             path: self.path.display().to_string(),
             reason,
@@ -71,14 +122,36 @@ impl FileIdentity {
             Err(e) => return Err(changed(format!("it cannot be read: {e}"))),
         };
         #[cfg(unix)]
-        {
-            use std::os::unix::fs::MetadataExt;
-            if (meta.dev(), meta.ino()) != self.id {
-                return Err(changed("another file was put in its place".into()));
-            }
+        if file_id(&meta) != self.id {
+            return Err(changed("another file was put in its place".into()));
         }
         #[cfg(not(unix))]
         let _ = meta;
+        for (path, id) in &self.companions {
+            let Some(id) = id else { continue };
+            let name = path.display();
+            match std::fs::metadata(path) {
+                // SQLite maps the index into memory and grows it by writing: one it cannot
+                // write (`chattr +i`, a read-only mount) ends the process with SIGBUS, which
+                // leaves no log line, so the check says it first.
+                Ok(m) if file_id(&m) == *id => {
+                    if let Err(e) = std::fs::OpenOptions::new().write(true).open(path) {
+                        return Err(changed(format!(
+                            "{name} cannot be written ({e}); SQLite would crash on it"
+                        )));
+                    }
+                }
+                Ok(_) => {
+                    return Err(changed(format!(
+                        "another file was put in the place of {name}"
+                    )));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(changed(format!("{name} was deleted")));
+                }
+                Err(e) => return Err(changed(format!("{name} cannot be read: {e}"))),
+            }
+        }
         Ok(())
     }
 }
@@ -108,23 +181,28 @@ impl SqliteStore {
             .after_release(|conn, _| Box::pin(crate::release_if_clean(conn)))
             .connect_with(opts.clone())
             .await?;
-        let file = if opts.get_filename().as_os_str() == ":memory:" {
-            None
-        } else {
-            FileIdentity::of(opts.get_filename()).map(Arc::new)
-        };
         let store = Self {
-            file,
+            file: None,
             read: SqlitePoolOptions::new()
                 .max_connections(4)
                 .after_release(|conn, _| Box::pin(crate::release_if_clean(conn)))
-                .connect_lazy_with(opts.read_only(false)),
+                .connect_lazy_with(opts.clone().read_only(false)),
             pool,
             sql: Arc::new(Sql::new(Dialect::Sqlite)),
             wake: Arc::new(tokio::sync::watch::channel(0).0),
         };
         store.migrate().await?;
-        Ok(store)
+        let file = if opts.get_filename().as_os_str() == ":memory:" {
+            None
+        } else {
+            // A read, so that the log and the index exist before their identity is taken.
+            let mut anchor = sqlx::ConnectOptions::connect(&opts).await?;
+            sqlx::query("SELECT count(*) FROM sqlite_master")
+                .execute(&mut anchor)
+                .await?;
+            FileIdentity::of(opts.get_filename(), Some(anchor)).map(Arc::new)
+        };
+        Ok(Self { file, ..store })
     }
 
     /// Applies the embedded migrations (idempotent).
@@ -298,6 +376,9 @@ impl Backend for SqliteStore {
         let q = st.bind(sqlx::query_as::<_, (String,)>(sqlx::AssertSqlSafe(
             st.sql.clone(),
         )));
+        // A worker must not take jobs from a file that the next start will not see: it would
+        // run them (and call their PSP) with every write lost.
+        self.check_file()?;
         let rows = q.fetch_all(self.pool()).await?;
         rows.iter()
             .map(|(r,)| crate::rows::JobRow::from_json(r))

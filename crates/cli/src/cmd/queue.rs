@@ -12,7 +12,9 @@ use redrive_http::{EnqueueError, JobRequest, RunAt, check_same_request};
 use redrive_store::{Attempt, Job, JobState, ListParams, NewJob, Store, StoreError};
 use serde_json::json;
 
-use crate::args::{DeadCommand, DeadListArgs, EnqueueArgs, Global, JobsArgs, JsonArgs, ShowArgs};
+use crate::args::{
+    DeadCommand, DeadListArgs, EnqueueArgs, Global, JobsArgs, JsonArgs, ShowArgs, StatsArgs,
+};
 use crate::error::usage;
 use crate::policies;
 
@@ -36,6 +38,42 @@ pub(crate) async fn open(global: &Global) -> anyhow::Result<Store> {
         Err(e) => {
             Err(anyhow::Error::new(e).context(format!("opening database {}", shown_db(global))))
         }
+    }
+}
+
+/// The variable that lets `serve` and `work` run on an in-memory database (tests only).
+pub(crate) const ALLOW_MEMORY_DB: &str = "REDRIVE_ALLOW_MEMORY_DB";
+
+/// Opens the store for `serve` and `work`, which acknowledge jobs and run them: an in-memory
+/// database (`sqlite::memory:`) or an `sqlite:` URL without a path (SQLite then opens a
+/// private temporary file) loses every job at exit, so both are refused with a usage error
+/// unless [`ALLOW_MEMORY_DB`] is set to `1`.
+pub(crate) async fn open_durable(global: &Global, command: &str) -> anyhow::Result<Store> {
+    if let Some(why) = not_durable(&global.db)
+        && std::env::var(ALLOW_MEMORY_DB).as_deref() != Ok("1")
+    {
+        return Err(usage(format!(
+            "--db: {:?} {why}: `{command}` would lose every job it accepts when it exits; give a file (sqlite:redrive.db) or a postgres:// URL",
+            shown_db(global)
+        )));
+    }
+    open(global).await
+}
+
+/// Why an SQLite URL keeps nothing (`None`: a file, or not SQLite).
+fn not_durable(url: &str) -> Option<&'static str> {
+    let rest = url.strip_prefix("sqlite:")?;
+    let rest = rest.strip_prefix("//").unwrap_or(rest);
+    let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+    if path == ":memory:"
+        || path.starts_with("file::memory:")
+        || query.split('&').any(|p| p == "mode=memory")
+    {
+        Some("is an in-memory database")
+    } else if path.is_empty() {
+        Some("names no file")
+    } else {
+        None
     }
 }
 
@@ -96,10 +134,14 @@ pub(crate) fn payload(arg: Option<&str>) -> anyhow::Result<serde_json::Value> {
                 .read_to_end(&mut buf)
                 .map_err(cannot)?;
             if buf.len() > MAX_PAYLOAD_BYTES {
-                let n = std::fs::metadata(path).map_or_else(
-                    |_| format!("over {MAX_PAYLOAD_BYTES}"),
-                    |m| m.len().to_string(),
-                );
+                // A device or a pipe has no size: say only that it is over.
+                let n = std::fs::metadata(path)
+                    .ok()
+                    .filter(std::fs::Metadata::is_file)
+                    .map_or_else(
+                        || format!("over {MAX_PAYLOAD_BYTES}"),
+                        |m| m.len().to_string(),
+                    );
                 return Err(too_big(path, n));
             }
             let text = String::from_utf8(buf)
@@ -505,23 +547,46 @@ fn dead_list(global: &Global, a: DeadListArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-pub(crate) fn stats(global: &Global, a: JsonArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn stats(global: &Global, a: StatsArgs) -> anyhow::Result<ExitCode> {
     block_on(async move {
         let store = open_existing(global).await?;
-        let counts = store.counts().await?;
-        let deps = store.dependencies().await?;
-        let unhandled = store.unhandled(store.db_time().await?).await?;
+        let limit = a.limit as usize;
+        let (counts, more_queues) =
+            redrive_store::labels::busiest_queues(store.counts().await?, limit);
+        let mut deps = store.dependencies().await?;
+        // Those that need attention first (not closed, or paused), then by name.
+        deps.sort_by_key(|d| {
+            (
+                d.flow.state == redrive_policy::BreakerState::Closed
+                    && d.flow.paused_until.is_none(),
+                d.name.clone(),
+            )
+        });
+        let more_breakers = deps.len().saturating_sub(limit);
+        deps.truncate(limit);
+        let mut unhandled = store.unhandled(store.db_time().await?).await?;
+        unhandled.sort_by_key(|u| std::cmp::Reverse(u.jobs));
+        let more_unhandled = unhandled.len().saturating_sub(limit);
+        unhandled.truncate(limit);
+        let more =
+            json!({"queues": more_queues, "breakers": more_breakers, "unhandled": more_unhandled});
         if a.json {
             outln!(
                 "{}",
                 serde_json::to_string_pretty(
-                    &json!({"counts": counts, "breakers": deps, "unhandled": unhandled})
+                    &json!({"counts": counts, "breakers": deps, "unhandled": unhandled, "more": more})
                 )?
             );
             return Ok(ExitCode::SUCCESS);
         }
         let mut queues: Vec<&str> = counts.iter().map(|c| c.queue.as_str()).collect();
         queues.dedup();
+        // One row per queue, without a scan of every count for every cell.
+        let mut cells: std::collections::HashMap<(&str, JobState), u64> =
+            std::collections::HashMap::new();
+        for c in &counts {
+            cells.insert((c.queue.as_str(), c.state), c.count);
+        }
         out!("{:<16}", "QUEUE");
         for s in JobState::ALL {
             out!("{:>11}", s.as_str());
@@ -530,10 +595,7 @@ pub(crate) fn stats(global: &Global, a: JsonArgs) -> anyhow::Result<ExitCode> {
         for q in &queues {
             out!("{:<16}", truncate(q, 16));
             for s in JobState::ALL {
-                let n = counts
-                    .iter()
-                    .find(|c| c.queue == *q && c.state == s)
-                    .map_or(0, |c| c.count);
+                let n = cells.get(&(*q, s)).copied().unwrap_or(0);
                 out!("{n:>11}");
             }
             outln!();
@@ -541,8 +603,17 @@ pub(crate) fn stats(global: &Global, a: JsonArgs) -> anyhow::Result<ExitCode> {
         if queues.is_empty() {
             outln!("(no jobs)");
         }
+        if more_queues > 0 {
+            outln!("… and {more_queues} more queues (the quietest; --limit shows more)");
+        }
         print_unhandled(&unhandled)?;
+        if more_unhandled > 0 {
+            outln!("… and {more_unhandled} more unhandled groups (--limit shows more)");
+        }
         print_breakers(&deps)?;
+        if more_breakers > 0 {
+            outln!("… and {more_breakers} more breakers (--limit shows more)");
+        }
         Ok(ExitCode::SUCCESS)
     })
 }

@@ -13,7 +13,7 @@ use redrive_store::Clock;
 use tokio_util::sync::CancellationToken;
 
 use crate::args::{Global, ServeArgs};
-use crate::cmd::queue::{block_on, open};
+use crate::cmd::queue::{block_on, open_durable};
 use crate::error::usage;
 use crate::policies;
 
@@ -32,13 +32,23 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
         redrive_service::check_exposure(&addr, Some(&t.secret))
             .map_err(|e| usage(format!("token {:?}: {e}", t.label)))?;
     }
+    // A token on the command line is visible to every user of the machine (`ps`).
+    if std::env::args_os()
+        .filter_map(|arg| arg.into_string().ok())
+        .any(|arg| arg == "--token" || arg.starts_with("--token="))
+    {
+        tracing::warn!(
+            "--token is visible in the process list to every user of this machine; use --token-file or REDRIVE_API_TOKEN"
+        );
+    }
     let kinds = crate::cmd::work::chosen_kinds(&a.kinds)?;
     let (set, egress) = policies::load_for_workers(global, &a.egress)?;
     let http = HttpJob::with_egress(StatusTable::default(), egress)?;
     let alerts = policies::load_alerts(global)?;
     let clock_setup = crate::clock::ClockSetup::from_env()?;
+    redrive_store::labels::set_max_labels(a.metrics_max_labels);
     block_on(async move {
-        let store = open(global).await?;
+        let store = open_durable(global, "serve").await?;
         // One clock for the API's writes and the worker pool, in the database's time (R24),
         // measured before the first request and kept measured until shutdown.
         let stop = CancellationToken::new();
@@ -115,6 +125,7 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
                 public_hosts: a.public_hosts.clone(),
                 cookie_secure: a.cookie_secure,
                 metrics_public: a.metrics_public,
+                refuse_card_data: a.refuse_card_data,
                 connections: ConnLimits {
                     header_timeout: a.header_timeout,
                     idle_timeout: a.idle_timeout,
@@ -153,6 +164,7 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
             Err(
                 e @ (ServiceError::TokenRequired { .. }
                 | ServiceError::TokenTooShort { .. }
+                | ServiceError::TokenTooSimple { .. }
                 | ServiceError::InvalidToken { .. }
                 | ServiceError::InvalidPublicHost { .. }
                 | ServiceError::InvalidLimit { .. }),

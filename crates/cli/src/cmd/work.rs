@@ -18,7 +18,7 @@ use redrive_runtime::{Noop, Summary, Worker, WorkerBuilder};
 use tokio_util::sync::CancellationToken;
 
 use crate::args::{Global, WorkArgs};
-use crate::cmd::queue::{block_on, open};
+use crate::cmd::queue::{block_on, open_durable};
 use crate::error::usage;
 use crate::policies;
 
@@ -60,11 +60,26 @@ pub(crate) fn with_builtin_handlers(
 }
 
 pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
+    // The metrics listener has no token: beyond loopback only when asked for, as `serve`.
+    if let Some(addr) = a.metrics_addr
+        && !addr.ip().is_loopback()
+    {
+        if !a.metrics_public {
+            return Err(usage(format!(
+                "--metrics-addr: refusing to serve /metrics without authentication on {addr}; use a loopback address (127.0.0.1:9090) or add --metrics-public"
+            )));
+        }
+        tracing::warn!(
+            %addr,
+            "serving /metrics without authentication beyond loopback (--metrics-public)"
+        );
+    }
     let kinds = chosen_kinds(&a.kinds)?;
     let (set, egress) = policies::load_for_workers(global, &a.egress)?;
     let http = HttpJob::with_egress(StatusTable::default(), egress)?;
     let alerts = policies::load_alerts(global)?;
     let clock = crate::clock::ClockSetup::from_env()?;
+    redrive_store::labels::set_max_labels(a.metrics_max_labels);
     block_on(async move {
         if let Some(addr) = a.metrics_addr {
             redrive_runtime::metrics::prometheus_builder()
@@ -75,7 +90,7 @@ pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
             redrive_runtime::metrics::describe();
             eprintln!("metrics on http://{addr}/metrics");
         }
-        let store = open(global).await?;
+        let store = open_durable(global, "work").await?;
         let store_for_schedules = store.clone();
         let alert_store = store.clone();
         let alert_set = set.clone();

@@ -231,6 +231,16 @@ impl IdempotencyStore for MemoryIdempotencyStore {
         )
     }
 
+    fn forget(&self, id: RecordId, token: LockToken) -> StoreFuture<'_, bool> {
+        let mut inner = self.lock();
+        let before = inner.records.len();
+        inner
+            .records
+            .retain(|_, r| !(r.id == id.0 && r.token == Some(token) && r.response.is_none()));
+        let forgot = inner.records.len() < before;
+        ready(forgot)
+    }
+
     fn get<'a>(&'a self, scope: &'a str, key: &'a str) -> StoreFuture<'a, Option<RecordInfo>> {
         let now = self.now();
         let inner = self.lock();

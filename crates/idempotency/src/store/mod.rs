@@ -316,6 +316,13 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
     /// Gives the key up without a response (fenced), keeping the recovery point.
     fn release(&self, id: RecordId, token: LockToken) -> StoreFuture<'_, bool>;
 
+    /// Deletes a held record that has no response (fenced): the key is free again for any
+    /// request, as if never used (after a 400, a malformed request that had no effect). The
+    /// default only [`release`](Self::release)s it, keeping the fingerprint.
+    fn forget(&self, id: RecordId, token: LockToken) -> StoreFuture<'_, bool> {
+        self.release(id, token)
+    }
+
     /// The record of `(scope, key)`, if any.
     fn get<'a>(&'a self, scope: &'a str, key: &'a str) -> StoreFuture<'a, Option<RecordInfo>>;
 

@@ -34,6 +34,7 @@ const STATEMENTS: Statements = Statements {
      response_headers = $4::jsonb, response_body = $5, replay_unavailable = $6, completed_at = now(), \
      lock_token = NULL, locked_until = NULL WHERE id = $1 AND lock_token = $2 AND state = 'in_progress'",
     release: "UPDATE idempotency_keys SET lock_token = NULL, locked_until = NULL WHERE id = $1 AND lock_token = $2 AND state = 'in_progress'",
+    forget: "DELETE FROM idempotency_keys WHERE id = $1 AND lock_token = $2 AND state = 'in_progress'",
     get: "SELECT id, state, request_method, request_path, recovery_point, attempts, \
      (locked_until IS NOT NULL AND locked_until > now()), lock_token IS NOT NULL, response_status \
      FROM idempotency_keys WHERE scope = $1 AND idem_key = $2",

@@ -48,6 +48,8 @@ pub struct Statements {
     pub(crate) finalise: &'static str,
     /// Gives a held record's key back.
     pub(crate) release: &'static str,
+    /// Deletes a held record without a response.
+    pub(crate) forget: &'static str,
     /// Reads an [`InfoRow`].
     pub(crate) get: &'static str,
     /// Recovery: releases an in-progress record whose lease is not live.
@@ -328,6 +330,11 @@ where
     fn release(&self, id: RecordId, token: LockToken) -> StoreFuture<'_, bool> {
         let sql = D::SQL.release;
         Box::pin(held_write(&self.pool, "release", sql, (id, token), |q| q))
+    }
+
+    fn forget(&self, id: RecordId, token: LockToken) -> StoreFuture<'_, bool> {
+        let sql = D::SQL.forget;
+        Box::pin(held_write(&self.pool, "forget", sql, (id, token), |q| q))
     }
 
     fn get<'a>(&'a self, scope: &'a str, key: &'a str) -> StoreFuture<'a, Option<RecordInfo>> {

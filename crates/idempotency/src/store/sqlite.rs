@@ -82,6 +82,7 @@ const STATEMENTS: Statements = Statements {
         "lock_token = NULL, locked_until = NULL WHERE id = ?1 AND lock_token = ?2 AND state = 'in_progress'"
     ),
     release: "UPDATE idempotency_keys SET lock_token = NULL, locked_until = NULL WHERE id = ?1 AND lock_token = ?2 AND state = 'in_progress'",
+    forget: "DELETE FROM idempotency_keys WHERE id = ?1 AND lock_token = ?2 AND state = 'in_progress'",
     get: concat!(
         "SELECT id, state, request_method, request_path, recovery_point, attempts, ",
         "(locked_until IS NOT NULL AND locked_until > ",

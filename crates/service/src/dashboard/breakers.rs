@@ -1,6 +1,6 @@
 //! `/breakers`: every breaker, its state, next probe and transitions.
 
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::response::Response;
 use chrono::Utc;
 use maud::html;
@@ -8,15 +8,26 @@ use redrive_http::redact::redact_text;
 
 use super::format::{fmt_time, relative, state_badge, when};
 use super::layout::{Page, html_response, layout};
+use super::overview::{PAGE_SIZE, page_of, pager};
 use crate::api::breaker_views;
 use crate::state::AppState;
 
-pub(super) async fn breakers(State(state): State<AppState>) -> Result<Response, Page> {
-    let list = breaker_views(&state.inner.store).await?;
+pub(super) async fn breakers(
+    State(state): State<AppState>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, Page> {
+    // One page of breakers, those that need attention first.
+    let page = page_of(query.as_deref());
+    let (list, total) = breaker_views(
+        &state.inner.store,
+        Some(((page - 1) * PAGE_SIZE, PAGE_SIZE)),
+    )
+    .await?;
     let now = Utc::now();
     let body = html! {
-        @if list.is_empty() { p.muted { "No dependency has a breaker or a pause yet." } }
+        @if total == 0 { p.muted { "No dependency has a breaker or a pause yet." } }
         @else {
+            (pager("/breakers", page, total, "breakers"))
             table #breakers {
                 thead { tr { th { "Dependency" } th { "State" } th { "Override" } th { "Next probe" } th { "Probe permits" } th { "Rate limit" } th { "Paused until" } th { "Updated" } th { "Operator" } } }
                 tbody {

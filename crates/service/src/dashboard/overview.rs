@@ -1,6 +1,8 @@
 //! `/`: queues, breakers, attempts per second and dead jobs by reason.
 
-use axum::extract::State;
+use std::collections::{BTreeMap, HashMap};
+
+use axum::extract::{RawQuery, State};
 use axum::response::Response;
 use maud::{Markup, html};
 use redrive_store::{JobState, QueueCount};
@@ -9,27 +11,62 @@ use super::chart::chart;
 use super::format::{fmt_time, jobs_link, relative, state_badge};
 use super::layout::{Page, html_response, layout};
 use super::{CHART_BUCKET, CHART_WINDOW};
-use crate::api::breaker_views;
 use crate::state::AppState;
 use crate::views::BreakerView;
 
-pub(super) fn queue_table(counts: &[QueueCount], paused: &[String]) -> Markup {
-    let mut queues: Vec<&str> = counts.iter().map(|c| c.queue.as_str()).collect();
-    // A paused queue without jobs still shows (to be resumed).
-    queues.extend(paused.iter().map(String::as_str));
-    queues.sort_unstable();
-    queues.dedup();
-    let is_paused = |q: &str| paused.iter().any(|p| p == q);
-    let count = |q: &str, s: JobState| {
-        counts
-            .iter()
-            .find(|c| c.queue == q && c.state == s)
-            .map_or(0, |c| c.count)
-    };
+/// Rows per page of the overview's queue table and of `/breakers`.
+pub(super) const PAGE_SIZE: usize = 100;
+
+/// The `page` query parameter (1-based; anything else is page 1).
+pub(super) fn page_of(query: Option<&str>) -> usize {
+    form_urlencoded::parse(query.unwrap_or("").as_bytes())
+        .find(|(k, _)| k == "page")
+        .and_then(|(_, v)| v.parse::<usize>().ok())
+        .filter(|p| *p >= 1)
+        .unwrap_or(1)
+}
+
+/// "Page N of M" with links to the pages before and after (nothing when one page holds all).
+pub(super) fn pager(path: &str, page: usize, total: usize, what: &str) -> Markup {
+    let pages = total.div_ceil(PAGE_SIZE).max(1);
     html! {
-        @if queues.is_empty() {
+        @if pages > 1 {
+            p.pager {
+                (total) " " (what) ", page " (page.min(pages)) " of " (pages) " "
+                @if page > 1 { a.prev href=(format!("{path}?page={}", page.min(pages) - 1)) { "← previous" } " " }
+                @if page < pages { a.next href=(format!("{path}?page={}", page + 1)) { "next →" } }
+            }
+        }
+    }
+}
+
+/// The queues (by name, one page of [`PAGE_SIZE`]) with their counts per state.
+pub(super) fn queue_table(counts: &[QueueCount], paused: &[String], page: usize) -> Markup {
+    let mut by_queue: BTreeMap<&str, HashMap<JobState, u64>> = BTreeMap::new();
+    for c in counts {
+        *by_queue
+            .entry(c.queue.as_str())
+            .or_default()
+            .entry(c.state)
+            .or_default() += c.count;
+    }
+    // A paused queue without jobs still shows (to be resumed).
+    for p in paused {
+        by_queue.entry(p.as_str()).or_default();
+    }
+    let total = by_queue.len();
+    let queues: Vec<(&str, &HashMap<JobState, u64>)> = by_queue
+        .iter()
+        .skip((page - 1) * PAGE_SIZE)
+        .take(PAGE_SIZE)
+        .map(|(q, m)| (*q, m))
+        .collect();
+    let is_paused = |q: &str| paused.iter().any(|p| p == q);
+    html! {
+        @if total == 0 {
             p.muted { "No jobs yet. Enqueue one with " code { "POST /v1/jobs" } " or " code { "redrive enqueue" } "." }
         } @else {
+            (pager("/", page, total, "queues"))
             table #queues {
                 thead { tr {
                     th { "Queue" }
@@ -38,17 +75,17 @@ pub(super) fn queue_table(counts: &[QueueCount], paused: &[String]) -> Markup {
                     th { "Claims" }
                 } }
                 tbody {
-                    @for q in &queues {
+                    @for (q, states) in &queues {
                         tr data-queue=(q) {
                             td { a href=(jobs_link(Some(q), None)) { (q) } }
                             @for s in JobState::ALL {
-                                @let n = count(q, s);
+                                @let n = states.get(&s).copied().unwrap_or(0);
                                 td.n data-state=(s.as_str()) {
                                     @if n == 0 { span.zero { "0" } }
                                     @else { a class=(format!("state-{}", s.as_str())) href=(jobs_link(Some(q), Some(s))) { (n) } }
                                 }
                             }
-                            td.n { (JobState::ALL.iter().map(|s| count(q, *s)).sum::<u64>()) }
+                            td.n { (states.values().sum::<u64>()) }
                             td.claims {
                                 @let path = form_urlencoded::byte_serialize(q.as_bytes()).collect::<String>();
                                 @if is_paused(q) {
@@ -80,19 +117,26 @@ pub(super) fn unhandled_warning(unhandled: &[redrive_store::Unhandled]) -> Marku
                 " — these jobs will not run until a worker for their queue and kind starts ("
                 a href="/workers" { "workers" } "):"
                 table { thead { tr { th { "Queue" } th { "Kind" } th { "Jobs" } th { "Oldest run at" } } }
-                    tbody { @for u in unhandled {
+                    tbody { @for u in unhandled.iter().take(PAGE_SIZE) {
                         tr data-queue=(u.queue) data-kind=(u.kind) {
                             td { a href=(jobs_link(Some(&u.queue), None)) { (u.queue) } }
                             td { (u.kind) } td.n { (u.jobs) } td { (fmt_time(u.oldest_run_at)) }
                         }
                     } }
                 }
+                @if unhandled.len() > PAGE_SIZE {
+                    p.more { "and " (unhandled.len() - PAGE_SIZE) " more (" code { "redrive stats --limit N" } ")" }
+                }
             }
         }
     }
 }
 
-pub(super) async fn overview(State(state): State<AppState>) -> Result<Response, Page> {
+pub(super) async fn overview(
+    State(state): State<AppState>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, Page> {
+    let page = page_of(query.as_deref());
     let store = &state.inner.store;
     let now = state.now();
     let counts = store.counts().await?;
@@ -103,7 +147,13 @@ pub(super) async fn overview(State(state): State<AppState>) -> Result<Response, 
         .into_iter()
         .map(|p| p.queue)
         .collect();
-    let breakers = breaker_views(store).await?;
+    // Every breaker's state, without its transitions (one query, however many there are).
+    let breakers: Vec<BreakerView> = store
+        .dependencies()
+        .await?
+        .into_iter()
+        .map(|d| BreakerView::new(d, now, Vec::new()))
+        .collect();
     let from = now - chrono::Duration::from_std(CHART_WINDOW).unwrap_or_default();
     let buckets = store.attempt_rate(from, now, CHART_BUCKET).await?;
     let reasons = store.dead_reasons().await?;
@@ -111,10 +161,11 @@ pub(super) async fn overview(State(state): State<AppState>) -> Result<Response, 
         .iter()
         .filter(|b| b.state != "closed" || b.paused_until.is_some())
         .collect();
+    let more_not_closed = not_closed.len().saturating_sub(PAGE_SIZE);
     let body = html! {
         (unhandled_warning(&unhandled))
         h2 { "Queues" }
-        (queue_table(&counts, &paused))
+        (queue_table(&counts, &paused, page))
         div.cards {
             div.card #breakers-summary {
                 h2 { "Breakers" }
@@ -124,12 +175,15 @@ pub(super) async fn overview(State(state): State<AppState>) -> Result<Response, 
                         (breakers.iter().filter(|b| b.state == "open").count()) " open, "
                         (breakers.iter().filter(|b| b.state == "half_open").count()) " half-open" }
                     ul {
-                        @for b in &not_closed {
+                        @for b in not_closed.iter().take(PAGE_SIZE) {
                             li { a href="/breakers" { (b.name) } ": " (state_badge(&b.state))
                                 @if let Some(t) = b.next_probe_at { " · next probe " (relative(t, now)) }
                                 @if let Some(t) = b.paused_until { " · paused " (relative(t, now)) }
                             }
                         }
+                    }
+                    @if more_not_closed > 0 {
+                        p.more { a href="/breakers" { "and " (more_not_closed) " more" } }
                     }
                 }
             }
