@@ -787,6 +787,11 @@ pub(crate) struct BenchArgs {
     /// SQL (no attempt rows, no runtime), in the same process: the practical limit here.
     #[arg(long)]
     pub(crate) ceiling: bool,
+    /// Instead of the drains: claims across N queues. A worker of every queue drains
+    /// `--jobs` jobs spread over N queues and the same jobs in one queue (medians of 3
+    /// rounds), and one claim of every queue is timed with 1, 1,000 and 100,000 queue names.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(2..=1_000_000))]
+    pub(crate) queues: Option<u64>,
     /// Print one JSON document.
     #[arg(long)]
     pub(crate) json: bool,

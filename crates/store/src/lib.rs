@@ -299,8 +299,8 @@ impl Store {
         dispatch!(self, s => s.attempts_impl(id).await)
     }
 
-    /// Claims up to `limit` due jobs (priority, then run_at, then id) of the given queues and
-    /// kinds, leasing each with a fresh fencing token, skipping jobs whose dependency is open
+    /// Claims up to `limit` due jobs (priority, then run_at, then id) of the given queues
+    /// (every queue if none is given) and kinds, leasing each with a fresh fencing token, skipping jobs whose dependency is open
     /// or paused. Jobs of other kinds are left as they are (not leased, no attempt).
     pub async fn claim(&self, p: &ClaimParams) -> Result<Vec<Job>> {
         dispatch!(self, s => s.claim_impl(p).await)
@@ -382,13 +382,14 @@ impl Store {
         dispatch!(self, s => s.counts_impl().await)
     }
 
-    /// When the next job on these queues becomes claimable (`None`: none waiting).
+    /// When the next job on these queues (every queue if empty) becomes claimable (`None`:
+    /// none waiting).
     pub async fn next_due(&self, queues: &[String]) -> Result<Option<Timestamp>> {
         dispatch!(self, s => s.next_due_impl(queues, &Kinds::Any).await)
     }
 
-    /// When the next job of these kinds on these queues becomes claimable (`None`: none
-    /// waiting): what a worker with those handlers waits for.
+    /// When the next job of these kinds on these queues (every queue if empty) becomes
+    /// claimable (`None`: none waiting): what a worker with those handlers waits for.
     pub async fn next_due_for(
         &self,
         queues: &[String],

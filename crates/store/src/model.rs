@@ -588,7 +588,9 @@ impl Kinds {
 /// Claim a batch of due jobs.
 #[derive(Debug, Clone)]
 pub struct ClaimParams {
-    /// Queues to take from.
+    /// Queues to take from; empty: every queue (but the paused ones), in one walk of the
+    /// pending jobs whose cost does not depend on how many queues there are. Either way the
+    /// claim takes the first jobs by (priority, run_at, id) among them.
     pub queues: Vec<String>,
     /// Kinds to take: jobs of other kinds are skipped, untouched (not leased, no attempt).
     pub kinds: Kinds,

@@ -188,27 +188,39 @@ where
 
     /// The claim statement `p` runs and its parameters; `None` when it would claim
     /// nothing without asking the database.
+    ///
+    /// No queue listed: every queue, one walk of the pending jobs in claim order (the same
+    /// statement whatever the number of queues). One: the queue's own claim index. A few (up
+    /// to [`MAX_ARMS`](crate::sql::MAX_ARMS)): an arm per queue. More: the walk of every
+    /// queue, filtered by the list.
     fn claim_statement(&self, p: &crate::ClaimParams) -> crate::Result<Option<ClaimStatement>> {
-        if p.limit == 0 || p.queues.is_empty() || p.kinds.as_list().is_some_and(|k| k.is_empty()) {
+        if p.limit == 0 || p.kinds.as_list().is_some_and(|k| k.is_empty()) {
             return Ok(None);
         }
         crate::check_batch("limit", p.limit as usize)?;
         let kinds = p.kinds.as_list().map(crate::model::json_list);
-        // One queue: an equality the claim index walks in order (no sort).
-        let (sql, queues) = if p.queues.len() == 1 {
-            let sql = match kinds {
-                None => self.sql().claim_one.clone(),
-                Some(_) => self.sql().claim_one_kinds.clone(),
-            };
-            (sql, p.queues[0].clone())
-        } else {
-            let list =
-                serde_json::to_string(&p.queues).map_err(|e| crate::StoreError::Invalid {
-                    field: "queues",
-                    value: format!("{:?}", p.queues),
-                    reason: e.to_string(),
-                })?;
-            (self.sql().claim_many(p.queues.len(), kinds.is_some()), list)
+        let sql = self.sql();
+        let pick = |plain: &Arc<str>, filtered: &Arc<str>| match kinds {
+            None => plain.clone(),
+            Some(_) => filtered.clone(),
+        };
+        let list = || {
+            serde_json::to_string(&p.queues).map_err(|e| crate::StoreError::Invalid {
+                field: "queues",
+                value: format!("{:?}", p.queues),
+                reason: e.to_string(),
+            })
+        };
+        let (sql, queues) = match p.queues.len() {
+            // `$2` is not read; it is bound all the same, as every claim binds it.
+            0 => (pick(&sql.claim_all, &sql.claim_all_kinds), String::new()),
+            // One queue: an equality the claim index walks in order (no sort).
+            1 => (
+                pick(&sql.claim_one, &sql.claim_one_kinds),
+                p.queues[0].clone(),
+            ),
+            n if n <= crate::sql::MAX_ARMS => (sql.claim_many(n, kinds.is_some()), list()?),
+            _ => (pick(&sql.claim_set, &sql.claim_set_kinds), list()?),
         };
         let now = crate::model::millis(p.now);
         Ok(Some(ClaimStatement {
@@ -460,11 +472,15 @@ where
             .collect()
     }
 
+    /// When the next job of `queues` (every queue if empty) of `kinds` may run.
     async fn next_due_impl(
         &self,
         queues: &[String],
         kinds: &crate::Kinds,
     ) -> crate::Result<Option<redrive_policy::Timestamp>> {
+        if queues.is_empty() {
+            return self.next_due_all(kinds).await;
+        }
         let queues = crate::model::json_list(queues);
         let t: Option<i64> = match kinds.as_list() {
             None => {
@@ -477,6 +493,29 @@ where
             Some(k) => {
                 sqlx::query_scalar(sqlx::AssertSqlSafe(self.sql().next_due_kinds.clone()))
                     .bind(queues)
+                    .bind(crate::model::json_list(k))
+                    .fetch_one(self.read_pool())
+                    .await?
+            }
+        };
+        Ok(t.map(crate::model::from_millis))
+    }
+
+    /// When the next job of any queue of `kinds` may run: a statement with no list of
+    /// queues, the same whatever their number.
+    async fn next_due_all(
+        &self,
+        kinds: &crate::Kinds,
+    ) -> crate::Result<Option<redrive_policy::Timestamp>> {
+        let t: Option<i64> = match kinds.as_list() {
+            None => {
+                sqlx::query_scalar(sqlx::AssertSqlSafe(self.sql().next_due_all.clone()))
+                    .fetch_one(self.read_pool())
+                    .await?
+            }
+            Some([]) => None,
+            Some(k) => {
+                sqlx::query_scalar(sqlx::AssertSqlSafe(self.sql().next_due_all_kinds.clone()))
                     .bind(crate::model::json_list(k))
                     .fetch_one(self.read_pool())
                     .await?
@@ -1041,7 +1080,8 @@ where
     }
 }
 
-/// A claim statement and its parameters (`$1` now, `$2` the queue or a JSON list of queues,
+/// A claim statement and its parameters (`$1` now, `$2` the queue, a JSON list of queues or
+/// (every queue) empty and unread,
 /// `$3` limit, `$4` worker, `$5` lease end, `$6` the kinds' JSON list when filtered).
 pub(crate) struct ClaimStatement {
     pub(crate) sql: Arc<str>,

@@ -24,11 +24,15 @@ pub enum SeedRows {
     Succeeded,
 }
 
-/// A bulk seed: `count` jobs of `kind` on `queue`, each with the same payload.
+/// A bulk seed: `count` jobs of `kind` on `queue` (or spread over `queues` queues named
+/// after it), each with the same payload.
 #[derive(Debug, Clone)]
 pub struct Seed {
-    /// The queue.
+    /// The queue (with `queues` above 1, the prefix of the queues' names).
     pub queue: String,
+    /// Queues the jobs are spread over, round robin: 0 or 1, all on `queue`; `n` above 1,
+    /// on `{queue}-0` … `{queue}-{n-1}` (row `i` of a statement on `{queue}-{i % n}`).
+    pub queues: u64,
     /// The kind.
     pub kind: String,
     /// How many jobs.
@@ -52,6 +56,16 @@ impl Seed {
                 });
             }
         }
+        if self.queues > 1 {
+            let last = format!("{}-{}", self.queue, self.queues - 1);
+            if last.len() > crate::MAX_NAME_LEN {
+                return Err(StoreError::Invalid {
+                    field: "queue",
+                    value: last,
+                    reason: format!("1 to {} characters", crate::MAX_NAME_LEN),
+                });
+            }
+        }
         Ok(())
     }
 }
@@ -67,8 +81,9 @@ const JOB_INSERT: &str = "INSERT INTO redrive_jobs (queue, kind, payload, state,
     max_attempts, policy, run_at, first_attempt_at, result, created_at, updated_at, finished_at)";
 
 /// The values of one seeded job: `$1` queue, `$2` kind, `$3` payload, `$4` time, `$5`
-/// `succeeded` or `available`.
-const JOB_VALUES: &str = "$1, $2, $3, $5, CASE WHEN $5 = 'succeeded' THEN 1 ELSE 0 END, 15, \
+/// `succeeded` or `available`, `$7` the queues to spread over (`n` the row's number).
+const JOB_VALUES: &str = "CASE WHEN $7 > 1 THEN $1 || '-' || CAST(n % $7 AS TEXT) ELSE $1 END, \
+    $2, $3, $5, CASE WHEN $5 = 'succeeded' THEN 1 ELSE 0 END, 15, \
     'payment', $4, CASE WHEN $5 = 'succeeded' THEN $4 END, \
     CASE WHEN $5 = 'succeeded' THEN 'null' END, $4, $4, CASE WHEN $5 = 'succeeded' THEN $4 END";
 
@@ -90,6 +105,7 @@ impl Store {
             SeedRows::Succeeded => "succeeded",
         };
         let at = millis(seed.at);
+        let spread = i64::try_from(seed.queues).unwrap_or(i64::MAX);
         let mut left = seed.count;
         while left > 0 {
             let n = left.min(SEED_CHUNK) as i64;
@@ -97,7 +113,7 @@ impl Store {
                 #[cfg(feature = "postgres")]
                 Store::Postgres(s) => {
                     let sql = format!(
-                        "WITH j AS ({JOB_INSERT} SELECT {JOB_VALUES} FROM generate_series(1, $6) \
+                        "WITH j AS ({JOB_INSERT} SELECT {JOB_VALUES} FROM generate_series(1, $6) AS g(n) \
                          RETURNING id, state) \
                          {ATTEMPT_INSERT} SELECT id, 1, 0, 1, 'seed', $4, 0, 'success', TRUE \
                          FROM j WHERE state = 'succeeded'"
@@ -109,6 +125,7 @@ impl Store {
                         .bind(at)
                         .bind(state)
                         .bind(n)
+                        .bind(spread)
                         .execute(&s.pool)
                         .await?;
                 }
@@ -130,6 +147,7 @@ impl Store {
                         .bind(at)
                         .bind(state)
                         .bind(n)
+                        .bind(spread)
                         .execute(&mut *tx)
                         .await?;
                     if seed.rows == SeedRows::Succeeded {

@@ -3167,3 +3167,272 @@ mod db_clock {
         }
     }
 }
+
+/// Claims of every queue, and of more queues than a claim gives an arm each: the cost of a
+/// claim must not grow with the number of queues (issue 36).
+mod every_queue {
+    use super::*;
+
+    both_backends!(
+        claim_of_every_queue_serves_each_queue_with_work_among_100000_names,
+        claim_of_more_than_500_queues_takes_every_job,
+        every_queue_and_long_lists_claim_in_the_order_of_the_arms,
+        four_claimers_of_every_queue_claim_each_job_once,
+    );
+
+    /// A claim of `queues` (none: every queue) of up to `limit` jobs at `now`.
+    fn claim_of(queues: &[String], limit: u32, now: Timestamp) -> ClaimParams {
+        ClaimParams {
+            queues: queues.to_vec(),
+            kinds: Kinds::Any,
+            worker: "w".into(),
+            limit,
+            lease: Duration::from_secs(30),
+            now,
+        }
+    }
+
+    /// `count` jobs spread over `queues` queues named `{prefix}-N`, seeded in bulk.
+    async fn seed(s: &Store, prefix: &str, queues: u64, count: u64, rows: SeedRows, at: i64) {
+        let seed = Seed {
+            queue: prefix.into(),
+            queues,
+            kind: "noop".into(),
+            count,
+            rows,
+            payload: json!({}),
+            at: ms(at),
+        };
+        assert_eq!(s.seed(&seed).await.unwrap(), count);
+    }
+
+    /// The (priority, run_at, id) order of jobs: the order a claim takes them in.
+    fn order(jobs: &[Job]) -> Vec<(i32, Timestamp, i64)> {
+        jobs.iter().map(|j| (j.priority, j.run_at, j.id)).collect()
+    }
+
+    mod cases {
+        use super::*;
+
+        pub(crate) async fn claim_of_every_queue_serves_each_queue_with_work_among_100000_names(
+            s: &Store,
+        ) {
+            let now = ms(T0);
+            // History: 100,000 queues whose only job is finished. Work: 3,000 jobs over 1,000
+            // other queues, and one urgent job.
+            seed(
+                s,
+                "done",
+                100_000,
+                100_000,
+                SeedRows::Succeeded,
+                T0 - 60_000,
+            )
+            .await;
+            seed(s, "wait", 1_000, 3_000, SeedRows::Available, T0 - 10_000).await;
+            let urgent = s
+                .enqueue(&job("wait-7").priority(-1), now)
+                .await
+                .unwrap()
+                .job;
+            // A paused queue is passed over, and its jobs stay as they were.
+            assert!(
+                s.pause_queue("wait-3", &Actor::new("alice", "cli"), now)
+                    .await
+                    .unwrap()
+            );
+            assert_eq!(
+                s.next_due(&[]).await.unwrap(),
+                Some(ms(T0 - 10_000)),
+                "the idle wait of every queue"
+            );
+            let mut served = HashSet::new();
+            let mut claims = 0;
+            let mut taken: Vec<Job> = Vec::new();
+            loop {
+                let got = s.claim(&claim_of(&[], 200, now)).await.unwrap();
+                if got.is_empty() {
+                    break;
+                }
+                claims += 1;
+                assert!(order(&got).is_sorted(), "one claim in claim order");
+                if let Some(last) = taken.last() {
+                    assert!(
+                        order(std::slice::from_ref(last))[0] < order(&got[..1])[0],
+                        "each claim goes on where the last one ended"
+                    );
+                }
+                served.extend(got.iter().map(|j| j.queue.clone()));
+                // Fair: the first 1,000 jobs (5 claims) reach every queue with work.
+                if claims == 5 {
+                    assert_eq!(served.len(), 999, "queues served in 5 claims of 200");
+                }
+                taken.extend(got);
+            }
+            assert_eq!(taken[0].id, urgent.id, "the urgent job first");
+            assert_eq!(
+                taken.len(),
+                3_001 - 3,
+                "every job but the paused queue's three"
+            );
+            assert!(!served.contains("wait-3"));
+            assert!(served.iter().all(|q| q.starts_with("wait-")));
+            let distinct: HashSet<i64> = taken.iter().map(|j| j.id).collect();
+            assert_eq!(distinct.len(), taken.len(), "no job claimed twice");
+            // Nothing else due but the paused queue's jobs, which wait for its resume.
+            assert_eq!(s.next_due(&[]).await.unwrap(), None);
+            assert!(
+                s.resume_queue("wait-3", &Actor::new("alice", "cli"), now)
+                    .await
+                    .unwrap()
+            );
+            assert_eq!(s.next_due(&[]).await.unwrap(), Some(ms(T0 - 10_000)));
+            let last = s.claim(&claim_of(&[], 200, now)).await.unwrap();
+            assert_eq!(last.len(), 3);
+            assert!(last.iter().all(|j| j.queue == "wait-3" && j.attempts == 0));
+        }
+
+        /// SQLite refused a claim of 501 queues or more ("too many terms in compound
+        /// SELECT"): no job of any queue ran.
+        pub(crate) async fn claim_of_more_than_500_queues_takes_every_job(s: &Store) {
+            let now = ms(T0);
+            let names: Vec<String> = (0..600).map(|i| format!("q{i:03}")).collect();
+            let jobs: Vec<NewJob> = names.iter().map(|q| job(q)).collect();
+            s.enqueue_many(&jobs, now).await.unwrap();
+            // The list of every queue, then every queue unnamed: each job once.
+            let mut ids = HashSet::new();
+            for _ in 0..3 {
+                for j in s.claim(&claim_of(&names, 200, now)).await.unwrap() {
+                    assert!(ids.insert(j.id), "{} claimed twice", j.id);
+                }
+            }
+            assert_eq!(ids.len(), 600);
+            s.enqueue_many(&jobs, now).await.unwrap();
+            assert_eq!(s.next_due(&names).await.unwrap(), Some(now));
+            assert_eq!(
+                s.next_due_for(&[], &Kinds::only(["noop"])).await.unwrap(),
+                Some(now)
+            );
+            assert_eq!(
+                s.next_due_for(&[], &Kinds::only(["charge"])).await.unwrap(),
+                None
+            );
+            for _ in 0..3 {
+                let mut p = claim_of(&[], 200, now);
+                p.kinds = Kinds::only(["noop"]);
+                for j in s.claim(&p).await.unwrap() {
+                    assert!(ids.insert(j.id), "{} claimed twice", j.id);
+                }
+            }
+            assert_eq!(ids.len(), 1_200);
+            assert!(s.claim(&claim_of(&[], 200, now)).await.unwrap().is_empty());
+            assert_eq!(s.next_due(&[]).await.unwrap(), None);
+        }
+
+        /// The claim of every queue, of a long list (past the arms) and of a short one (an arm
+        /// per queue) take the same jobs in the same order: the first by (priority, run_at,
+        /// id) of the queues they serve, kinds and pauses respected.
+        pub(crate) async fn every_queue_and_long_lists_claim_in_the_order_of_the_arms(s: &Store) {
+            let now = ms(T0);
+            let names: Vec<String> = (0..20).map(|i| format!("o{i:02}")).collect();
+            let mut jobs = Vec::new();
+            for n in 0..120_i64 {
+                let q = &names[(n * 7 % 20) as usize];
+                let kind = if n % 5 == 0 { "charge" } else { "noop" };
+                jobs.push(
+                    NewJob::new(q, kind, json!({}))
+                        .priority((n % 3) as i32 - 1)
+                        .run_at(ms(T0 - (n * 37 % 50) * 1000)),
+                );
+            }
+            // Not due yet: never claimed.
+            jobs.push(job("o05").run_at(ms(T0 + 60_000)));
+            s.enqueue_many(&jobs, now).await.unwrap();
+            assert!(
+                s.pause_queue("o13", &Actor::new("alice", "cli"), now)
+                    .await
+                    .unwrap()
+            );
+            // Three stores' worth of the same jobs is one store claimed three ways in turn:
+            // each way's claims are compared with the expected order of what is left.
+            let mut left: Vec<Job> = s
+                .list(&ListParams {
+                    state: Some(JobState::Available),
+                    queue: None,
+                    dead_reason: None,
+                    key: None,
+                    after: None,
+                    limit: Some(500),
+                })
+                .await
+                .unwrap()
+                .jobs
+                .into_iter()
+                .filter(|j| j.queue != "o13" && j.run_at <= now && j.kind == "noop")
+                .collect();
+            left.sort_by_key(|j| (j.priority, j.run_at, j.id));
+            let every: Vec<String> = Vec::new();
+            let ways: [(&str, &[String]); 3] = [
+                ("every queue", &every),
+                ("a list past the arms", &names),
+                ("an arm per queue", &names[..16]),
+            ];
+            let mut turn = 0;
+            while !left.is_empty() {
+                let (way, queues) = ways[turn % 3];
+                turn += 1;
+                let mut p = claim_of(queues, 7, now);
+                p.kinds = Kinds::only(["noop"]);
+                let got = s.claim(&p).await.unwrap();
+                let want: Vec<_> = left
+                    .iter()
+                    .filter(|j| queues.is_empty() || queues.contains(&j.queue))
+                    .take(7)
+                    .map(|j| j.id)
+                    .collect();
+                let ids: Vec<_> = got.iter().map(|j| j.id).collect();
+                assert_eq!(ids, want, "{way}, turn {turn}");
+                if got.is_empty() {
+                    // Only jobs of the queues past the 16 arms are left.
+                    assert_eq!(way, "an arm per queue");
+                    continue;
+                }
+                left.retain(|j| !ids.contains(&j.id));
+            }
+            assert!(turn > 10);
+        }
+
+        pub(crate) async fn four_claimers_of_every_queue_claim_each_job_once(s: &Store) {
+            let now = ms(T0);
+            seed(s, "c", 300, 3_000, SeedRows::Available, T0 - 1_000).await;
+            let mut tasks = Vec::new();
+            for w in 0..4 {
+                let s = s.clone();
+                tasks.push(tokio::spawn(async move {
+                    let mut mine = Vec::new();
+                    loop {
+                        let mut p = claim_of(&[], 50, now);
+                        p.worker = format!("w{w}");
+                        let got = s.claim(&p).await.unwrap();
+                        if got.is_empty() {
+                            break;
+                        }
+                        let cs: Vec<_> = got.iter().map(|j| done(j, now)).collect();
+                        for r in s.complete_many(&cs).await.unwrap() {
+                            r.expect("our own lease holds");
+                        }
+                        mine.extend(got.into_iter().map(|j| j.id));
+                    }
+                    mine
+                }));
+            }
+            let mut all = Vec::new();
+            for t in tasks {
+                all.extend(t.await.unwrap());
+            }
+            let distinct: HashSet<_> = all.iter().copied().collect();
+            assert_eq!(all.len(), 3_000, "claimed {} times in all", all.len());
+            assert_eq!(distinct.len(), 3_000);
+        }
+    }
+}

@@ -25,6 +25,7 @@ const DEPTH: u64 = 100_000;
 fn seed(queue: &str, rows: SeedRows, count: u64) -> Seed {
     Seed {
         queue: queue.into(),
+        queues: 1,
         kind: "noop".into(),
         count,
         rows,
@@ -278,4 +279,91 @@ async fn postgres_completion_uses_the_primary_key_with_stale_statistics() {
     let done = h.store.complete_many(&cs).await.unwrap();
     assert!(done.iter().all(|r| r.is_ok()));
     h.cleanup().await;
+}
+
+/// The plan's lines that show a pass over the jobs table other than the walk of the
+/// all-queues claim index in order, or a sort of its rows.
+fn bad_lines_of_every_queue(plan: &[String]) -> Vec<String> {
+    bad_lines(plan)
+        .into_iter()
+        .filter(|l| {
+            let l = l.trim();
+            // SQLite's walk of the whole index in order, to the limit: what is wanted.
+            l != "SCAN j USING INDEX redrive_jobs_claim_all"
+        })
+        .collect()
+}
+
+fn spread(prefix: &str, queues: u64, rows: SeedRows, count: u64) -> Seed {
+    Seed {
+        queues,
+        ..seed(prefix, rows, count)
+    }
+}
+
+/// A claim of every queue walks one index in claim order, whatever the number of queues:
+/// with 1,000 queues of waiting jobs, 100,000 more names of finished ones change nothing in
+/// its plan, which neither scans nor sorts the jobs. So is a claim of a list
+/// longer than a claim gives an arm each.
+async fn claim_of_every_queue_is_one_walk(h: Harness) {
+    let s = &h.store;
+    let every = claim(&[], Kinds::Any);
+    let some_kinds = claim(&[], Kinds::only(["noop", "http"]));
+    let shape = |plan: &[String]| -> Vec<String> {
+        // PostgreSQL's lines without their cost and row estimates.
+        plan.iter()
+            .map(|l| l.split("  (cost=").next().unwrap_or(l).to_owned())
+            .collect()
+    };
+    s.seed(&spread("wait", 1_000, SeedRows::Available, DEPTH))
+        .await
+        .unwrap();
+    let before = shape(&s.claim_plan(&every).await.unwrap());
+    s.seed(&spread("done", 100_000, SeedRows::Succeeded, DEPTH))
+        .await
+        .unwrap();
+    let names: Vec<String> = (0..600).map(|i| format!("wait-{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    for (what, p) in [
+        ("every queue", every.clone()),
+        ("every queue, some kinds", some_kinds),
+        ("600 queues", claim(&names, Kinds::Any)),
+    ] {
+        let plan = s.claim_plan(&p).await.unwrap();
+        let bad = bad_lines_of_every_queue(&plan);
+        assert!(
+            bad.is_empty(),
+            "{} {what}: the claim scans or sorts the jobs: {bad:?}\nplan:\n{}",
+            s.backend(),
+            plan.join("\n")
+        );
+        assert!(
+            plan.iter().any(|l| l.contains("redrive_jobs_claim_all")),
+            "{} {what}: the claim does not walk the all-queues index:\n{}",
+            s.backend(),
+            plan.join("\n")
+        );
+        let got = s.claim(&p).await.unwrap();
+        assert_eq!(got.len(), 200, "{what}");
+    }
+    let after = shape(&s.claim_plan(&every).await.unwrap());
+    assert_eq!(
+        before,
+        after,
+        "{}: the plan changed with the number of queues",
+        s.backend()
+    );
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn sqlite_claim_of_every_queue_is_one_walk() {
+    claim_of_every_queue_is_one_walk(sqlite().await.unwrap()).await;
+}
+
+#[tokio::test]
+async fn postgres_claim_of_every_queue_is_one_walk() {
+    if let Some(h) = postgres("all").await {
+        claim_of_every_queue_is_one_walk(h).await;
+    }
 }

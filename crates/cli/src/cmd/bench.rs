@@ -178,6 +178,9 @@ pub(crate) fn run(global: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         None => json!({}),
     };
     let payload_bytes = payload.to_string().len() as u64;
+    if let Some(queues) = a.queues {
+        return block_on(bench_queues(&global.db, a.jobs, queues, a.json));
+    }
     block_on(async move {
         let mut runs = Vec::new();
         let mut procs = Vec::new();
@@ -722,4 +725,190 @@ async fn pickup(store: &Store, samples: usize) -> anyhow::Result<Vec<f64>> {
             .await?;
     }
     worker.await?
+}
+
+/// What `redrive bench --queues N` measured: claims across queues.
+#[derive(Debug, Serialize)]
+struct QueuesReport {
+    backend: &'static str,
+    jobs: u64,
+    queues: u64,
+    rounds: usize,
+    /// A worker of every queue (concurrency 64) draining the jobs in one queue, jobs/s: the
+    /// median of the rounds.
+    drain_one_queue_jobs_per_s: f64,
+    /// The same drain of the jobs spread over `queues` queues.
+    drain_spread_jobs_per_s: f64,
+    /// spread / one queue.
+    spread_vs_one: f64,
+    claims: Vec<ClaimTimes>,
+}
+
+/// One claim of 200 jobs, timed with a number of queue names in the store.
+#[derive(Debug, Serialize)]
+struct ClaimTimes {
+    /// Distinct queue names in the store (100,000 finished jobs spread over them, and 10,000
+    /// waiting jobs over at most 1,000 of them).
+    queue_names: u64,
+    /// A claim of every queue, ms: median of the claims.
+    every_queue_claim_ms_p50: f64,
+    /// A claim of the one queue (with one name only), ms: median, taken in turn with those of
+    /// every queue.
+    one_queue_claim_ms_p50: Option<f64>,
+    claims: usize,
+}
+
+/// Rounds of the drains of `--queues`, one queue and spread in turn.
+const QUEUE_ROUNDS: usize = 3;
+
+/// `redrive bench --queues N`: see [`QueuesReport`].
+async fn bench_queues(db: &str, jobs: u64, queues: u64, json: bool) -> anyhow::Result<ExitCode> {
+    let (mut one, mut spread) = (Vec::new(), Vec::new());
+    let mut backend = "sqlite";
+    for round in 0..QUEUE_ROUNDS {
+        for (k, n) in [(0, 1), (1, queues)] {
+            let s = scratch(db, 20_000 + 2 * round as u32 + k).await?;
+            backend = s.store.backend();
+            let pb = bar(0, format!("drain over {n} queue(s)"));
+            let r = drain_every_queue(&s.store, jobs, n).await;
+            pb.finish_and_clear();
+            cleanup(s).await;
+            if k == 0 { &mut one } else { &mut spread }.push(r?);
+        }
+    }
+    let mut claims = Vec::new();
+    for (i, names) in [1_u64, 1_000, 100_000].into_iter().enumerate() {
+        let s = scratch(db, 21_000 + i as u32).await?;
+        let pb = bar(0, format!("claims, {names} queue names"));
+        let r = claim_times(&s.store, names).await;
+        pb.finish_and_clear();
+        cleanup(s).await;
+        claims.push(r?);
+    }
+    let (one, spread) = (pct(&one, 0.5), pct(&spread, 0.5));
+    let report = QueuesReport {
+        backend,
+        jobs,
+        queues,
+        rounds: QUEUE_ROUNDS,
+        drain_one_queue_jobs_per_s: one,
+        drain_spread_jobs_per_s: spread,
+        spread_vs_one: spread / one,
+        claims,
+    };
+    if json {
+        outln!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    outln!(
+        "backend {}: a worker of every queue (c=64) drains {} noop jobs, medians of {} rounds",
+        report.backend,
+        jobs,
+        QUEUE_ROUNDS
+    );
+    outln!(
+        "  in 1 queue {:.0} jobs/s, over {} queues {:.0} jobs/s: {:.0}%",
+        one,
+        queues,
+        spread,
+        report.spread_vs_one * 100.0
+    );
+    outln!("one claim of 200 (100,000 finished jobs and 10,000 waiting in the store):");
+    for c in &report.claims {
+        let vs = match c.one_queue_claim_ms_p50 {
+            Some(o) => format!(
+                ", of the one queue {o:.2} ms ({:.2}x)",
+                c.every_queue_claim_ms_p50 / o
+            ),
+            None => String::new(),
+        };
+        outln!(
+            "  {:>7} queue names: of every queue {:.2} ms{vs} (median of {} claims)",
+            c.queue_names,
+            c.every_queue_claim_ms_p50,
+            c.claims
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `jobs` noop jobs seeded over `queues` queues, drained by a worker of every queue; jobs/s.
+async fn drain_every_queue(store: &Store, jobs: u64, queues: u64) -> anyhow::Result<f64> {
+    let at = chrono::Utc::now() - chrono::Duration::seconds(60);
+    store
+        .seed(&redrive_store::Seed {
+            queue: QUEUE.into(),
+            queues,
+            kind: "noop".into(),
+            count: jobs,
+            rows: SeedRows::Available,
+            payload: json!({}),
+            at,
+        })
+        .await?;
+    checkpoint(store).await;
+    let worker = redrive_runtime::Worker::builder(store.clone(), vec![])
+        .handler("noop", Arc::new(redrive_runtime::Noop))
+        .concurrency(64)
+        .gauge_interval(None)
+        .build()?;
+    let t = Instant::now();
+    let s = worker.run_until_idle().await?;
+    let secs = t.elapsed().as_secs_f64();
+    anyhow::ensure!(
+        s.succeeded == jobs,
+        "drain over {queues} queues: {} of {jobs} jobs succeeded",
+        s.succeeded
+    );
+    Ok(jobs as f64 / secs.max(1e-9))
+}
+
+/// Claims of 200 with `names` queue names in the store: 100,000 finished jobs spread over
+/// them and 10,000 waiting over at most 1,000 of them, all taken by 50 claims of every queue
+/// (with one name, 25 of every queue and 25 of the queue, in turn).
+async fn claim_times(store: &Store, names: u64) -> anyhow::Result<ClaimTimes> {
+    let at = chrono::Utc::now() - chrono::Duration::seconds(60);
+    let seed = |rows, count, queues| redrive_store::Seed {
+        queue: QUEUE.into(),
+        queues,
+        kind: "noop".into(),
+        count,
+        rows,
+        payload: json!({}),
+        at,
+    };
+    store
+        .seed(&seed(SeedRows::Succeeded, 100_000, names))
+        .await?;
+    store
+        .seed(&seed(SeedRows::Available, 10_000, names.min(1_000)))
+        .await?;
+    checkpoint(store).await;
+    let (mut every, mut one) = (Vec::new(), Vec::new());
+    for i in 0..50 {
+        let alone = names == 1 && i % 2 == 1;
+        let p = ClaimParams {
+            queues: if alone { vec![QUEUE.into()] } else { vec![] },
+            kinds: redrive_store::Kinds::Any,
+            worker: "bench".into(),
+            limit: CLAIM_BATCH,
+            lease: Duration::from_secs(300),
+            now: chrono::Utc::now(),
+        };
+        let t = Instant::now();
+        let got = store.claim(&p).await?;
+        let ms = t.elapsed().as_secs_f64() * 1000.0;
+        anyhow::ensure!(
+            got.len() == CLAIM_BATCH as usize,
+            "claim {i} with {names} queue names took {} jobs",
+            got.len()
+        );
+        if alone { &mut one } else { &mut every }.push(ms);
+    }
+    Ok(ClaimTimes {
+        queue_names: names,
+        every_queue_claim_ms_p50: pct(&every, 0.5),
+        one_queue_claim_ms_p50: (!one.is_empty()).then(|| pct(&one, 0.5)),
+        claims: every.len() + one.len(),
+    })
 }

@@ -41,6 +41,7 @@ pub(crate) async fn seed(
     store
         .seed(&Seed {
             queue: queue.into(),
+            queues: 1,
             kind: "noop".into(),
             count,
             rows,

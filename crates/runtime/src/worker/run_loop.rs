@@ -78,12 +78,11 @@ struct Pool {
     wake: watch::Receiver<u64>,
     backoff: ClaimBackoff,
     last_rescue: Option<tokio::time::Instant>,
-    last_gauges: Option<tokio::time::Instant>,
     last_maintain: Option<tokio::time::Instant>,
     /// Jobs claimed per store call at most.
     batch: usize,
-    /// No queue list given: every queue in the store, looked up with the gauges.
-    all_queues: bool,
+    /// The queues claimed from; empty: every queue, in a claim that names none (so neither
+    /// the claim's cost nor the loop depends on how many queues the store holds).
     queues: Vec<String>,
     /// Claims in flight, each a task holding the slots it claims into.
     flying: JoinSet<ClaimEnd>,
@@ -141,9 +140,6 @@ impl Pool {
                 break;
             }
             self.housekeep().await;
-            if self.flying.is_empty() {
-                pass!(self.wait_for_a_queue().await);
-            }
             pass!(self.step(left).await);
         }
         self.settle().await;
@@ -175,7 +171,6 @@ impl Pool {
             slots: Arc::new(Semaphore::new(config.concurrency)),
             wake: config.store.subscribe(),
             batch,
-            all_queues: config.queues.is_empty(),
             queues,
             run,
             stop,
@@ -186,7 +181,6 @@ impl Pool {
             claimed: 0,
             backoff: ClaimBackoff::new(),
             last_rescue: None,
-            last_gauges: None,
             last_maintain: None,
             flying: JoinSet::new(),
             asked: HashMap::new(),
@@ -201,9 +195,17 @@ impl Pool {
         }
     }
 
-    /// The pruner and the scheduler, if configured, until `until` is cancelled.
+    /// The pruner, the scheduler and the gauges, if configured, until `until` is cancelled.
     fn spawn_housekeeping(&self, until: &CancellationToken) {
         let config = &self.shared.config;
+        if let Some(every) = config.gauges_every {
+            tokio::spawn(gauges(
+                self.shared.db.clone(),
+                every,
+                config.clock.clone(),
+                until.clone(),
+            ));
+        }
         if let Some(r) = config.retention.clone() {
             tokio::spawn(crate::maintenance::pruner(
                 self.shared.db.clone(),
@@ -223,8 +225,9 @@ impl Pool {
         }
     }
 
-    /// Housekeeping when due: expired leases rescued, the dependencies' rows maintained, the
-    /// gauges (and in all-queues mode the list of queues) read from the store's counts.
+    /// Housekeeping when due: expired leases rescued, the dependencies' rows maintained. (The
+    /// gauges are published beside the loop: their counts are a pass over every job, and the
+    /// claims never need them, since a worker of every queue claims without a list.)
     async fn housekeep(&mut self) {
         let (shared, config) = (&self.shared, &self.shared.config);
         let now = config.clock.now();
@@ -246,42 +249,6 @@ impl Pool {
         {
             tracing::warn!("dependency housekeeping failed: {e}");
         }
-        // The gauges, and in all-queues mode the list of queues, from the store's counts.
-        let every = config.gauges_every.unwrap_or(super::DEFAULT_GAUGE_INTERVAL);
-        if (config.gauges_every.is_some() || self.all_queues) && due(&mut self.last_gauges, every) {
-            let publish = config.gauges_every.is_some();
-            let counts = (shared.db)
-                .run(move |s| async move {
-                    if publish {
-                        metrics::publish_gauges(&s, now).await
-                    } else {
-                        s.counts().await
-                    }
-                })
-                .await;
-            match counts {
-                Ok(c) if self.all_queues => {
-                    self.queues = c.into_iter().map(|c| c.queue).collect();
-                    self.queues.sort();
-                    self.queues.dedup();
-                }
-                Ok(_) => {}
-                Err(e) => tracing::warn!("reading queue counts failed: {e}"),
-            }
-        }
-    }
-
-    /// In all-queues mode before any queue exists: wait for a wake-up or a poll.
-    async fn wait_for_a_queue(&mut self) -> Pass<()> {
-        if !self.queues.is_empty() {
-            return Pass::Go(());
-        }
-        let poll = self.shared.config.poll;
-        tokio::select! {
-            _ = self.stop.cancelled() => Pass::Stop,
-            _ = self.wake.changed() => { self.last_gauges = None; Pass::Next }
-            _ = tokio::time::sleep(poll) => if self.until_idle { Pass::Stop } else { Pass::Next },
-        }
     }
 
     /// One step of the claim loop: start a claim when slots and a lane are free, else wait
@@ -296,11 +263,8 @@ impl Pool {
         }
         let want = (self.batch as u64).min(left.unwrap_or(u64::MAX)) as usize;
         let mut missing = 1;
-        let open = self.flying.len() < self.lanes
-            && !self.dry
-            && self.retry_at.is_none()
-            && want > 0
-            && !self.queues.is_empty();
+        let open =
+            self.flying.len() < self.lanes && !self.dry && self.retry_at.is_none() && want > 0;
         if open {
             self.gathered.truncate(want);
             while self.gathered.len() < want {
@@ -576,6 +540,29 @@ fn claim_threshold(full: usize, flying: usize, quiet: bool) -> usize {
     }
 }
 
+/// Publishes the gauges from the store's counts every `every` until `until` is cancelled,
+/// beside the claim loop: the counts grow with the jobs kept, and no claim waits for them.
+async fn gauges(
+    db: crate::db::Db,
+    every: Duration,
+    clock: Arc<dyn redrive_store::Clock>,
+    until: CancellationToken,
+) {
+    loop {
+        let now = clock.now();
+        if let Err(e) = db
+            .run(move |s| async move { metrics::publish_gauges(&s, now).await })
+            .await
+        {
+            tracing::warn!("reading queue counts failed: {e}");
+        }
+        tokio::select! {
+            _ = until.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
 /// Sleeps until `at` (for ever if `None`: a disabled branch of a `select!`).
 async fn sleep_until(at: Option<Instant>) {
     match at {
@@ -689,6 +676,47 @@ mod tests {
             "{} passes of the loop for {jobs} jobs in {} claims",
             pool.passes,
             total.claims
+        );
+    }
+
+    /// A worker of every queue (no `--queue`) drains 600 queues on SQLite, which refuses a
+    /// claim of more than 500 queues named one by one: the claim names none, and the loop
+    /// never reads the store's counts to claim. A paused queue is left alone. (It once took
+    /// its queues from the counts: every claim failed, and no job of any queue ran.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_worker_of_every_queue_drains_600_queues() {
+        let (_dir, store) = temp_store().await;
+        let now = chrono::Utc::now();
+        let jobs: Vec<_> = (0..1200)
+            .map(|i| {
+                let q = format!("q{:03}", i % 600);
+                redrive_store::NewJob::new(q, "noop", serde_json::json!({}))
+            })
+            .collect();
+        store.enqueue_many(&jobs, now).await.unwrap();
+        let op = redrive_store::Actor::new("alice", "cli");
+        assert!(store.pause_queue("q007", &op, now).await.unwrap());
+        let worker = Worker::builder(store.clone(), vec![])
+            .handler("noop", Arc::new(crate::Noop))
+            .concurrency(50)
+            .build()
+            .unwrap();
+        // A guard against a hang (the loop retrying failed claims for ever), not a measure.
+        let total = tokio::time::timeout(Duration::from_secs(300), worker.run_until_idle())
+            .await
+            .expect("the worker never went idle")
+            .unwrap();
+        assert_eq!(total.succeeded, 1198);
+        let left = store.counts().await.unwrap();
+        let waiting: Vec<_> = left
+            .iter()
+            .filter(|c| c.state != redrive_store::JobState::Succeeded)
+            .map(|c| (c.queue.as_str(), c.state, c.count))
+            .collect();
+        assert_eq!(
+            waiting,
+            [("q007", redrive_store::JobState::Available, 2)],
+            "only the paused queue's jobs wait"
         );
     }
 

@@ -15,6 +15,19 @@ pub(super) fn kind_in(n: u8) -> String {
     format!("j.kind IN (SELECT value FROM json_each(${n}))")
 }
 
+/// The job's queue is in the JSON array parameter `$n`. The unary `+` keeps the planner from
+/// looking the listed queues up in the per-queue claim index (and sorting what it finds):
+/// the set only filters the walk of the pending jobs in claim order.
+pub(super) fn queue_in(n: u8) -> String {
+    format!("+j.queue IN (SELECT value FROM json_each(${n}))")
+}
+
+/// The job's queue is not paused: an uncorrelated subquery, which SQLite reads once per
+/// statement into a temporary index (paused queues' names are never NULL, but `NOT IN` with
+/// a NULL in the set would match nothing, so they are left out).
+pub(super) const NOT_PAUSED: &str =
+    "j.queue NOT IN (SELECT pq.queue FROM redrive_paused_queues pq WHERE pq.queue IS NOT NULL)";
+
 /// Element `k` of the JSON array parameter `$2` (a claim's queues), as text.
 pub(super) fn queue_at(k: usize) -> String {
     format!("json_extract($2, '$[{k}]')")
