@@ -709,24 +709,30 @@ pub fn cubic(rate: f64, w_max: f64, beta: f64, c: f64, dt: f64) -> f64 {
     next.max(rate)
 }
 
-/// Counts `n` slots reserved at `now` in the row's meter, rolling the window every
-/// [`METER_WINDOW`]. A window that ended after a gap of more than two windows leaves no rate
-/// (it would mix idle time into the fleet's rate).
-fn meter(row: &mut FlowRow, n: u32, now: Timestamp) {
+/// Counts `n` slots reserved at `now` in the row's meter; `from` is where they start on the
+/// limiter's timeline (the `tat` before the reservation, or now when the fleet was idle), so
+/// a window's slots run from its start to the current `tat`. The window rolls every
+/// [`METER_WINDOW`]; one that ended after a gap of more than two windows leaves no rate (it
+/// would mix idle time into the fleet's rate).
+fn meter(row: &mut FlowRow, n: u32, from: Timestamp, now: Timestamp) {
     let window_us = METER_WINDOW.as_micros() as i64;
     match row.meter_started {
         Some(s) if us(now) - us(s) < window_us => {
             row.meter_slots = row.meter_slots.saturating_add(n);
         }
         Some(s) => {
-            let el = (us(now) - us(s)) as f64 / 1e6;
+            // The window's slots ran from its start to where this reservation's slots begin
+            // (at least a window: the roll comes a window after the start, or later).
+            let el = (us(from) - us(s)) as f64 / 1e6;
+            let gap = (us(now) - us(s)) as f64 / 1e6;
+            let window = METER_WINDOW.as_secs_f64();
             row.meter_rate =
-                (el <= 2.0 * METER_WINDOW.as_secs_f64()).then(|| f64::from(row.meter_slots) / el);
-            row.meter_started = Some(ms_floor(now));
+                (gap <= 2.0 * window).then(|| f64::from(row.meter_slots) / el.max(window));
+            row.meter_started = Some(ms_floor(from));
             row.meter_slots = n;
         }
         None => {
-            row.meter_started = Some(ms_floor(now));
+            row.meter_started = Some(ms_floor(from));
             row.meter_slots = n;
             row.meter_rate = None;
         }
@@ -927,7 +933,18 @@ impl FlowConfig {
         let fit = (now_us.saturating_add(ahead_us) - (a0 - tol_us)) / interval_us + 1;
         let n = want.min(fit).clamp(1, i64::from(MAX_SLOTS_PER_RESERVATION));
         row.tat = Some(ts_us(a0 + n * interval_us));
-        meter(row, n as u32, now);
+        meter(row, n as u32, ts_us(a0), now);
+        if cfg.adaptive
+            && cfg.limit.is_none()
+            && row.rate_cap.is_none()
+            && row.rate_cut_at.is_none()
+        {
+            // Slow start: the rate doubles every SLOW_START_DOUBLING worth of the slots handed
+            // out (as TCP's window per round trip of acknowledgements), so slots reserved
+            // ahead at the old rate are used before it grows again: no burst when they are.
+            let d = SLOW_START_DOUBLING.as_secs_f64();
+            row.rate = Some((rate * 2f64.powf(n as f64 / (rate * d))).min(max_rate));
+        }
         Grant::Slots(Slots {
             base_us: a0 - tol_us,
             interval_us,
@@ -1121,17 +1138,13 @@ impl FlowConfig {
             && !row.rate_lifted
     }
 
-    /// The rate after `dt` more seconds of use: slow start's doubling before the first 429,
-    /// CUBIC's climb after it. One reservation counts at most one second (250 ms in slow
-    /// start), so time without reservations (idle, paused, open) does not count.
+    /// The rate after `dt` more seconds of use: CUBIC's climb after a 429. One reservation
+    /// counts at most one second, so time without reservations (idle, paused, open) does not
+    /// count.
     fn grown(&self, row: &FlowRow, rate: f64, dt: f64) -> f64 {
         let cfg = &self.rate;
         let Some(w_max) = row.rate_cap else {
-            if row.rate_cut_at.is_none() && cfg.limit.is_none() {
-                // Slow start: double every SLOW_START_DOUBLING of use.
-                let d = SLOW_START_DOUBLING.as_secs_f64();
-                return rate * 2f64.powf(dt.min(d) / d);
-            }
+            // Slow start grows with the slots it hands out ([`FlowConfig::reserve`]).
             return rate;
         };
         cubic(rate, w_max, cfg.decrease, cfg.increase, dt.min(1.0))
