@@ -60,7 +60,7 @@ pub(crate) fn run(a: &SimulateArgs, name: &str) -> anyhow::Result<ExitCode> {
     }
     if let (Some(path), Some(first)) = (&a.plot, results.first()) {
         let title = format!(
-            "redrive simulate --scenario {name}: PSP load, {} charges, {} workers (seed {})",
+            "redrive simulate --scenario {name}: PSP load, {} charges, {} (seed {})",
             cfg.jobs,
             workers(&cfg),
             first.seed
@@ -86,7 +86,7 @@ pub(crate) fn run(a: &SimulateArgs, name: &str) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let title = format!(
-        "scenario {name}: {} charges, {} workers; the PSP: {}; {} run{} (seeds {}..{})",
+        "scenario {name}: {} charges, {}; the PSP: {}; {} run{} (seeds {}..{})",
         cfg.jobs,
         workers(&cfg),
         describe(&cfg.psp),
@@ -115,12 +115,13 @@ pub(crate) fn run(a: &SimulateArgs, name: &str) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// "16" for one process, "3 processes × 16" for several, with the clock skew if any.
+/// "16 workers" for one process, "3 processes × 16 workers" for several, with the clock
+/// skew if any.
 fn workers(cfg: &QueueConfig) -> String {
     let mut s = if cfg.processes == 1 {
-        cfg.workers.to_string()
+        format!("{} workers", cfg.workers)
     } else {
-        format!("{} processes × {}", cfg.processes, cfg.workers)
+        format!("{} processes × {} workers", cfg.processes, cfg.workers)
     };
     if !cfg.clock_skew.is_zero() {
         let skew = redrive_policy::format_duration(cfg.clock_skew);
