@@ -43,7 +43,8 @@
 //!   only extend the pause. After the epoch the rate climbs back along CUBIC's curve (as the
 //!   AWS SDKs' adaptive retry mode): `W(t) = W_max + C·(t − K)³`, `K = ∛(W_max·(1 − β)/C)`,
 //!   with `W_max` what got through when the 429 came (`rate_cap`), `β = decrease` and
-//!   `C = increase`: fast back to `W_max`, slowly above it. `t` counts seconds *of use*: it is
+//!   `C = increase`: fast back to `W_max`, slowly above it (at most [`PROBE_SLOPE`] × `W_max`
+//!   more per second). `t` counts seconds *of use*: it is
 //!   recovered from the current rate by inverting the curve, and one reservation adds at most
 //!   one second, so idle time does not count.
 //!
@@ -87,6 +88,9 @@ pub const DEFAULT_RATE_INCREASE: f64 = 0.4;
 pub const DEFAULT_SLOW_START: f64 = 20.0;
 /// Slow start doubles the rate every this much time of use.
 pub const SLOW_START_DOUBLING: Duration = Duration::from_millis(250);
+/// Above the rate that drew the last 429 (`W_max`), the climb adds at most this share of it
+/// per second of use (CUBIC's convex probe, bounded).
+pub const PROBE_SLOPE: f64 = 0.1;
 /// The fleet's reservations are metered in windows of this length (the row's meter).
 pub const METER_WINDOW: Duration = Duration::from_secs(1);
 /// The learned rate never goes below this (requests per second).
@@ -1115,11 +1119,21 @@ impl FlowConfig {
         // What the fleet got through: its metered send rate × the delivered share; never less
         // than what the reporter alone got through. Without a meter (no limit was in force),
         // the reporter's own measure is all there is.
-        let through = match self.fleet_send_rate(row, now) {
+        let mut through = match self.fleet_send_rate(row, now) {
             Some(sent) => (sent.min(in_force) * share).max(served),
             None => served,
         }
         .min(in_force);
+        let in_slow_start = cfg.limit.is_none()
+            && cfg.slow_start.is_some()
+            && row.rate.is_some()
+            && row.rate_cap.is_none()
+            && row.rate_cut_at.is_none();
+        if in_slow_start {
+            // The first 429 of slow start: the limit lies within the last doubling, and a
+            // PSP's bucket let the fleet run past it for a while (TCP halves its window here).
+            through *= 0.5;
+        }
         let r = (cfg.decrease * through).clamp(cfg.floor, cfg.ceiling);
         row.rate = Some(r);
         row.rate_cap = Some(through.max(r));
@@ -1147,7 +1161,15 @@ impl FlowConfig {
             // Slow start grows with the slots it hands out ([`FlowConfig::reserve`]).
             return rate;
         };
-        cubic(rate, w_max, cfg.decrease, cfg.increase, dt.min(1.0))
+        let dt = dt.min(1.0);
+        let next = cubic(rate, w_max, cfg.decrease, cfg.increase, dt);
+        if next > w_max {
+            // Above W_max the curve is convex: against a PSP whose bucket holds seconds of
+            // its rate, the 429 comes seconds late and the rate would have run far beyond the
+            // limit meanwhile. Probe at most PROBE_SLOPE × W_max more per second of use.
+            return next.min(rate.max(w_max) + PROBE_SLOPE * w_max * dt);
+        }
+        next
     }
 
     /// The fleet's send rate (slots reserved per second) from the row's meter: the current

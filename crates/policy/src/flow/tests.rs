@@ -448,6 +448,13 @@ fn slow_start_begins_modest_and_doubles_with_use_until_the_first_429() {
         .row;
     let r_cut = cut.rate.unwrap();
     assert!(r_cut < r, "{r_cut} after {r}");
+    // The limit lies within slow start's last doubling: what got through is halved.
+    let sent = c.fleet_send_rate(&row, at_ms(600)).unwrap();
+    assert!(
+        (cut.rate_cap.unwrap() - 0.5 * sent.min(r)).abs() < 1e-9,
+        "{:?}",
+        cut.rate_cap
+    );
     let after = reserve_every(&c, cut, 1700, 2000, 100);
     assert!(after.rate.unwrap() < 1.5 * r_cut, "{:?}", after.rate);
 }
@@ -1551,4 +1558,22 @@ proptest! {
             prop_assert!(i - j < bound, "{} sends in {window_ms} ms at {rate}/s, skew ±{skew_ms} ms", i - j + 1);
         }
     }
+}
+
+#[test]
+fn the_probe_above_w_max_is_bounded_to_a_tenth_of_it_per_second_of_use() {
+    let c = cfg()
+        .with_rate(RateConfig::fixed(10_000.0).unwrap().with_burst(0))
+        .unwrap();
+    let row = FlowRow {
+        rate: Some(50.0),
+        rate_cap: Some(50.0),
+        rate_cut_at: Some(at_ms(-5000)),
+        rate_raised_at: Some(t0()),
+        ..FlowRow::default()
+    };
+    // Ten seconds of use at W_max: the pure curve would be at 50 + 0.4 × 10³ = 450/s.
+    let r = reserve_every(&c, row, 0, 10_000, 10).rate.unwrap();
+    assert!(r <= 50.0 * (1.0 + PROBE_SLOPE * 10.0) + 1e-6, "{r}");
+    assert!(r > 80.0, "{r}: it still probes");
 }
