@@ -659,11 +659,18 @@ pub(crate) struct SimulateArgs {
     #[arg(long = "max-attempts")]
     pub(crate) max_attempts: Option<u32>,
     /// Capacity model: worker processes the clients are spread over, each with its own view
-    /// of the flow control (breaker window, send slots) (default 1).
+    /// of the flow control (breaker window, send slots) (default 1; with `--scenario fleet`,
+    /// 3).
     #[arg(long)]
     pub(crate) processes: Option<u32>,
+    /// Capacity model: the worker processes' clocks are off the true time by offsets spread
+    /// evenly over -D..=+D (e.g. `2s`; default 0s).
+    #[arg(long = "clock-skew", value_parser = parse_duration)]
+    pub(crate) clock_skew: Option<Duration>,
     /// Capacity model: predict a whole run of a named scenario instead of the herd: `demo`
-    /// (what `redrive demo` does by default: its queue, workers, policies and PSP).
+    /// (what `redrive demo` does by default: its queue, workers, policies and PSP) or `fleet`
+    /// (3 `redrive work --concurrency 16` processes with the default policies, 1,000 charges,
+    /// a PSP at 50/s with `Retry-After: 1`, 10% 5xx and an outage 4s+5s).
     #[arg(long)]
     pub(crate) scenario: Option<String>,
 }

@@ -296,3 +296,71 @@ fn other_bad_values_exit_2() {
         assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
     }
 }
+
+#[test]
+fn the_fleet_scenario_runs_three_processes_on_one_row() {
+    let o = redrive(&[
+        "--model",
+        "capacity",
+        "--scenario",
+        "fleet",
+        "--runs",
+        "1",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("one JSON document");
+    assert_eq!(v["scenario"], "fleet");
+    assert_eq!(
+        (v["processes"].as_u64(), v["workers"].as_u64()),
+        (Some(3), Some(16))
+    );
+    let run = &v["runs"][0];
+    assert_eq!(run["succeeded"], 1000);
+    assert_eq!(run["psp_load"]["limit_rps"], 50.0);
+    // Skewed clocks and another number of processes, in text.
+    let o = redrive(&[
+        "--model",
+        "capacity",
+        "--scenario",
+        "fleet",
+        "--runs",
+        "1",
+        "--processes",
+        "2",
+        "--clock-skew",
+        "200ms",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains(
+            "scenario fleet: 1000 charges, 2 processes × 16 workers (clocks skewed over ±200ms)"
+        ),
+        "{out}"
+    );
+    // The herd model takes both flags; the occ model refuses them.
+    let o = redrive(&[
+        "--model",
+        "capacity",
+        "--processes",
+        "3",
+        "--clock-skew",
+        "1s",
+        "--runs",
+        "2",
+        "--strategy",
+        "full+ra+adaptive",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = redrive(&["--clock-skew", "1s"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("--clock-skew applies to --model capacity only"),
+        "{}",
+        stderr(&o)
+    );
+    let o = redrive(&["--model", "capacity", "--clock-skew", "2h"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--clock-skew"), "{}", stderr(&o));
+}

@@ -160,6 +160,7 @@ fn flow(c: &mut Criterion) {
     let limited_429 = FlowEvent::RateLimited {
         pause_until: Some(now + second),
         served_per_s: Some(80.0),
+        delivered: None,
         probe: false,
     };
     g.bench_function("apply RateLimited", |b| {

@@ -55,9 +55,10 @@
 //! The rate settings of a `[breaker.NAME]` section: `rate_limit` (`"80/s"`, `"600/m"`,
 //! `"3600/h"` or a number per second), `rate_adaptive` (learn from 429s; default true),
 //! `rate_burst`, `rate_floor` and `rate_ceiling` (bounds of the learned rate, per second),
-//! `rate_decrease` (share kept after a 429, default 0.9), `rate_increase` (per second, per
-//! second of use, default 2); `max_inflight`; `retry_budget_ratio` and
-//! `retry_budget_min_per_sec`.
+//! `rate_decrease` (share kept after a 429, default 0.9), `rate_increase` (CUBIC's `C` of the
+//! climb after a cut, requests/s per second³ of use, default 0.4), `rate_slow_start` (the first
+//! rate on first contact without `rate_limit`, default `"20/s"`; `"off"`: unthrottled until
+//! the first 429); `max_inflight`; `retry_budget_ratio` and `retry_budget_min_per_sec`.
 //!
 //! Every invalid field is refused with its dotted path, its value and the
 //! allowed range (`invalid policy.checkout.retry.base = 0s: must be above 0s
@@ -302,6 +303,7 @@ struct RawBreaker {
     rate_ceiling: Option<f64>,
     rate_decrease: Option<f64>,
     rate_increase: Option<f64>,
+    rate_slow_start: Option<toml::Value>,
     max_inflight: Option<i64>,
     retry_budget_ratio: Option<f64>,
     retry_budget_min_per_sec: Option<i64>,
@@ -592,6 +594,11 @@ impl RawBreaker {
         }
         if let Some(i) = self.rate_increase {
             r = r.with_increase(i);
+        }
+        match &self.rate_slow_start {
+            None => {}
+            Some(toml::Value::String(s)) if s.trim() == "off" => r = r.with_slow_start(None),
+            Some(v) => r = r.with_slow_start(Some(rate("rate_slow_start", v)?)),
         }
         let mut flow = FlowConfig::default().with_rate(r)?;
         let max_inflight = self
@@ -929,6 +936,16 @@ retry_budget_ratio = 0.5
         assert!(other.rate().is_adaptive());
         assert_eq!(other.rate().burst(), 3);
         assert_eq!(PolicySet::builtin().flow("x"), FlowConfig::default());
+        let slow = |v: &str| {
+            PolicySet::from_toml(&format!("[breaker.p]\nrate_slow_start = {v}"))
+                .unwrap()
+                .flow("p")
+                .rate()
+                .slow_start()
+        };
+        assert_eq!(slow("\"off\""), None);
+        assert_eq!(slow("\"40/s\""), Some(40.0));
+        assert_eq!(FlowConfig::default().rate().slow_start(), Some(20.0));
         for (toml, want) in [
             (
                 "[breaker.p]\nrate_limit = \"fast\"",
@@ -946,6 +963,14 @@ retry_budget_ratio = 0.5
             (
                 "[breaker.p]\nmax_inflight = 0",
                 "breaker.p.max_inflight = 0",
+            ),
+            (
+                "[breaker.p]\nrate_slow_start = 0",
+                "breaker.p.rate_slow_start = 0/s",
+            ),
+            (
+                "[breaker.p]\nrate_slow_start = \"soon\"",
+                "breaker.p.rate_slow_start = \"soon\"",
             ),
             (
                 "[breaker.p]\nretry_budget_ratio = -1.0",

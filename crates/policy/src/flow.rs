@@ -28,14 +28,25 @@
 //!   call; over any window the fleet gets at most `rate × window + burst` slots. Jobs held by
 //!   a pause or an open breaker take slots like any other call when they come back, so they
 //!   resume spread at the rate, never in one instant.
-//! - **Learning the rate (AIMD).** Without a configured limit there is none until the first
-//!   429. Each 429 starts (or joins) a *congestion epoch*: the first report sets the rate to
-//!   `decrease ×` the reporter's own served rate ([`ServedRate`]: what got through lately, the
-//!   PSP's limit or this process's share of it); every other process that
-//!   sees a 429 in the same epoch adds `decrease ×` its own served rate, never beyond
-//!   `decrease ×` the rate before the epoch. After the epoch, every reservation raises the rate
-//!   by `increase` per second of use, up to the configured limit or the ceiling (reaching the
-//!   ceiling lifts the learned limit).
+//! - **Slow start.** Without a configured limit and before the first 429, a dependency is not
+//!   sent to unthrottled: the rate starts at `slow_start` (20/s) and doubles every 250 ms of
+//!   use (TCP's slow start), so first contact is no burst. Reaching the ceiling lifts the
+//!   limit, and a lifted limit stays lifted (`rate_lifted`): slow start is for first contact
+//!   only.
+//! - **Learning the rate from the fleet's measurements (R24).** The row meters the slots the
+//!   whole fleet reserves (`meter_started`, `meter_slots`, and the previous window's rate
+//!   `meter_rate`, rolled every second inside [`FlowEvent::Reserve`]), so the fleet's send
+//!   rate is known from the row alone. A 429 starts a *congestion epoch*: its reporter
+//!   multiplies the fleet's send rate by its own delivered share (answers other than 429 over
+//!   requests sent, [`ServedRate`]) to estimate what the fleet got through, and the rate is
+//!   cut to `decrease ×` that, never to one process's share. Further 429s in the same epoch
+//!   only extend the pause. After the epoch the rate climbs back along CUBIC's curve (as the
+//!   AWS SDKs' adaptive retry mode): `W(t) = W_max + C·(t − K)³`, `K = ∛(W_max·(1 − β)/C)`,
+//!   with `W_max` what got through when the 429 came (`rate_cap`), `β = decrease` and
+//!   `C = increase`: fast back to `W_max`, slowly above it (at most [`PROBE_SLOPE`] × `W_max`
+//!   more per second). `t` counts seconds *of use*: it is
+//!   recovered from the current rate by inverting the curve, and one reservation adds at most
+//!   one second, so idle time does not count.
 //!
 //! ```
 //! use std::time::Duration;
@@ -66,11 +77,22 @@ use crate::{DeferReason, PauseReason, RetryBudgetBuilder, Timestamp};
 
 /// How much of the rate one reservation takes by default (100 ms worth).
 pub const DEFAULT_RATE_BATCH: Duration = Duration::from_millis(100);
-/// The learned rate after a 429 is this share of what got through (multiplicative decrease).
+/// The learned rate after a 429 is this share of what got through (multiplicative decrease,
+/// CUBIC's β).
 pub const DEFAULT_RATE_DECREASE: f64 = 0.9;
-/// The learned rate grows by this many requests per second, per second of use (additive
-/// increase).
-pub const DEFAULT_RATE_INCREASE: f64 = 2.0;
+/// CUBIC's scaling constant `C` of the climb after a cut (requests per second, per second³ of
+/// use): `W(t) = W_max + C·(t − K)³`. 0.4 as TCP CUBIC and the AWS SDKs' adaptive mode.
+pub const DEFAULT_RATE_INCREASE: f64 = 0.4;
+/// Slow start's first rate on first contact (requests per second), when no limit is
+/// configured and none was learned yet.
+pub const DEFAULT_SLOW_START: f64 = 20.0;
+/// Slow start doubles the rate every this much time of use.
+pub const SLOW_START_DOUBLING: Duration = Duration::from_millis(250);
+/// Above the rate that drew the last 429 (`W_max`), the climb adds at most this share of it
+/// per second of use (CUBIC's convex probe, bounded).
+pub const PROBE_SLOPE: f64 = 0.1;
+/// The fleet's reservations are metered in windows of this length (the row's meter).
+pub const METER_WINDOW: Duration = Duration::from_secs(1);
 /// The learned rate never goes below this (requests per second).
 pub const DEFAULT_RATE_FLOOR: f64 = 1.0;
 /// A learned rate that grows to this lifts the limit (requests per second).
@@ -86,8 +108,9 @@ pub const MAX_SLOTS_PER_RESERVATION: u32 = 1000;
 /// [`RateConfig::adaptive`] or [`RateConfig::off`], then the `with_*` setters.
 ///
 /// # Default
-/// [`RateConfig::adaptive`]: no limit until the first 429, then learned (decrease 0.9,
-/// increase 2 requests/s per second, floor 1/s, ceiling 10,000/s), burst 1, batch 100 ms.
+/// [`RateConfig::adaptive`]: slow start from 20/s (doubling every 250 ms of use) until the
+/// first 429, then learned (decrease 0.9, CUBIC's climb with `C` = 0.4, floor 1/s, ceiling
+/// 10,000/s), burst 1, batch 100 ms.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RateConfig {
     limit: Option<f64>,
@@ -98,6 +121,7 @@ pub struct RateConfig {
     decrease: f64,
     increase: f64,
     batch: Duration,
+    slow_start: Option<f64>,
 }
 
 impl Default for RateConfig {
@@ -118,6 +142,7 @@ impl RateConfig {
             decrease: DEFAULT_RATE_DECREASE,
             increase: DEFAULT_RATE_INCREASE,
             batch: DEFAULT_RATE_BATCH,
+            slow_start: Some(DEFAULT_SLOW_START),
         }
     }
 
@@ -163,9 +188,15 @@ impl RateConfig {
         self.decrease = f;
         self
     }
-    /// The additive increase, in requests per second per second of use.
+    /// The climb after a cut: CUBIC's `C`, in requests per second per second³ of use.
     pub const fn with_increase(mut self, rps_per_s: f64) -> Self {
         self.increase = rps_per_s;
+        self
+    }
+    /// Slow start's first rate on first contact (`None`: unthrottled until the first 429).
+    /// Only without a configured limit.
+    pub const fn with_slow_start(mut self, rps: Option<f64>) -> Self {
+        self.slow_start = rps;
         self
     }
     /// How much of the rate one reservation takes (10 ms..=1 s).
@@ -198,9 +229,13 @@ impl RateConfig {
     pub const fn decrease(&self) -> f64 {
         self.decrease
     }
-    /// The additive increase.
+    /// The climb's `C`.
     pub const fn increase(&self) -> f64 {
         self.increase
+    }
+    /// Slow start's first rate, if on.
+    pub const fn slow_start(&self) -> Option<f64> {
+        self.slow_start
     }
     /// The reservation batch.
     pub const fn batch(&self) -> Duration {
@@ -237,6 +272,15 @@ impl RateConfig {
                     "at least rate_floor ({}/s) and at most 1000000/s",
                     self.floor
                 ),
+            ));
+        }
+        if let Some(s) = self.slow_start
+            && !rate_ok(s)
+        {
+            return Err(PolicyError::invalid(
+                "rate_slow_start",
+                format!("{s}/s"),
+                "from 0.01/s to 1000000/s",
             ));
         }
         if !(self.decrease > 0.0 && self.decrease < 1.0) {
@@ -403,10 +447,20 @@ pub struct FlowRow {
     pub tat: Option<Timestamp>,
     /// When the current congestion epoch started (the last cut).
     pub rate_cut_at: Option<Timestamp>,
-    /// The rate before that cut (the epoch's sums never go beyond `decrease ×` it).
+    /// What the fleet got through when the last 429 came (CUBIC's `W_max`: the climb after
+    /// the cut returns to it quickly and probes above it slowly); `None` before any 429.
     pub rate_cap: Option<f64>,
     /// When the rate was last raised.
     pub rate_raised_at: Option<Timestamp>,
+    /// The learned limit grew to the ceiling and was lifted: no slow start again.
+    pub rate_lifted: bool,
+    /// The start of the meter's window: the slots the whole fleet reserved since then.
+    pub meter_started: Option<Timestamp>,
+    /// Slots the whole fleet reserved in the meter's window.
+    pub meter_slots: u32,
+    /// The fleet's reservations per second over the previous meter window (`None`: none, or
+    /// it ended with a gap of more than two windows).
+    pub meter_rate: Option<f64>,
 }
 
 /// The `until` of an operator's pause that lasts until it is lifted ([`FlowEvent::Resume`]):
@@ -461,8 +515,13 @@ pub enum FlowEvent {
         /// What the reporting process got through lately (answers other than 429), per
         /// second ([`ServedRate::per_second`]); `None` when this process has already reported
         /// to the current congestion epoch (its share is counted once: the report then only
-        /// extends the pause).
+        /// extends the pause). Used for the cut only when the row has no meter (the limit was
+        /// lifted).
         served_per_s: Option<f64>,
+        /// The reporter's delivered share: its requests answered other than 429 over its
+        /// requests sent, lately ([`ServedRate::delivered_share`]). The cut is `decrease ×`
+        /// the fleet's metered send rate × this. `None`: unknown (taken as 1).
+        delivered: Option<f64>,
         /// The call was a half-open probe: its permit goes back to the round (a 429 says
         /// nothing about the dependency's health).
         probe: bool,
@@ -568,17 +627,23 @@ pub enum Check {
 /// breaker or idle says nothing about what the dependency allows, and a burst that a PSP's
 /// bucket let through in a few milliseconds is not a rate.
 ///
+/// It also counts the requests sent ([`ServedRate::sent`]), for the delivered share a 429's
+/// report carries ([`ServedRate::delivered_share`]).
+///
 /// ```
 /// use chrono::{Duration, Utc};
 /// use redrive_policy::ServedRate;
 /// let t = Utc::now();
 /// let mut m = ServedRate::default();
 /// for i in 0..80 { m.sent(t + Duration::milliseconds(i)); m.record(t + Duration::milliseconds(i)); }
-/// assert_eq!(m.per_second(t + Duration::milliseconds(80)), 80.0);
+/// for i in 80..100 { m.sent(t + Duration::milliseconds(i)); } // answered 429
+/// assert_eq!(m.per_second(t + Duration::milliseconds(100)), 80.0);
+/// assert_eq!(m.delivered_share(t + Duration::milliseconds(100)), Some(0.8));
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct ServedRate {
-    buckets: [(i64, u32, bool); 10],
+    /// (bucket number, answers other than 429, requests sent, active).
+    buckets: [(i64, u32, u32, bool); 10],
 }
 
 impl ServedRate {
@@ -586,38 +651,101 @@ impl ServedRate {
     pub const WINDOW: Duration = Duration::from_secs(5);
     const BUCKET_MS: i64 = 500;
 
-    fn bucket(&mut self, now: Timestamp) -> &mut (i64, u32, bool) {
+    fn bucket(&mut self, now: Timestamp) -> &mut (i64, u32, u32, bool) {
         let epoch = now.timestamp_millis().div_euclid(Self::BUCKET_MS);
         let slot = &mut self.buckets[epoch.rem_euclid(10) as usize];
         if slot.0 != epoch {
-            *slot = (epoch, 0, false);
+            *slot = (epoch, 0, 0, false);
         }
         slot
     }
 
-    /// Notes that a request was sent (whatever its answer).
+    fn live(&self, now: Timestamp) -> impl Iterator<Item = &(i64, u32, u32, bool)> {
+        let epoch = now.timestamp_millis().div_euclid(Self::BUCKET_MS);
+        self.buckets
+            .iter()
+            .filter(move |(e, _, _, active)| *active && *e > epoch - 10 && *e <= epoch)
+    }
+
+    /// Notes that a request was sent and answered (whatever its answer).
     pub fn sent(&mut self, now: Timestamp) {
-        self.bucket(now).2 = true;
+        let b = self.bucket(now);
+        b.2 = b.2.saturating_add(1);
+        b.3 = true;
     }
 
     /// Counts one answer that got through (anything but a 429).
     pub fn record(&mut self, now: Timestamp) {
         let b = self.bucket(now);
-        b.1 += 1;
-        b.2 = true;
+        b.1 = b.1.saturating_add(1);
+        b.3 = true;
     }
 
     /// Answers per second of sending, over the window.
     pub fn per_second(&self, now: Timestamp) -> f64 {
-        let epoch = now.timestamp_millis().div_euclid(Self::BUCKET_MS);
-        let live = self
-            .buckets
-            .iter()
-            .filter(|(e, _, active)| *active && *e > epoch - 10 && *e <= epoch);
-        let (n, active) = live.fold((0u32, 0i64), |(n, a), (_, c, _)| (n + c, a + 1));
+        let (n, active) = self
+            .live(now)
+            .fold((0u32, 0i64), |(n, a), (_, c, _, _)| (n + c, a + 1));
         let span_ms = (active * Self::BUCKET_MS).max(1000);
         f64::from(n) * 1000.0 / span_ms as f64
     }
+
+    /// The share of the requests sent over the window that got through (answers other than
+    /// 429 over requests sent), at most 1; `None` when none was sent.
+    pub fn delivered_share(&self, now: Timestamp) -> Option<f64> {
+        let (ok, sent) = self.live(now).fold((0u64, 0u64), |(o, s), (_, c, n, _)| {
+            (o + u64::from(*c), s + u64::from(*n))
+        });
+        (sent > 0).then(|| (ok as f64 / sent as f64).min(1.0))
+    }
+}
+
+/// CUBIC's climb: the rate `dt` seconds of use after `rate`, on the curve
+/// `W(t) = w_max + c·(t − K)³` with `K = ∛(w_max·(1 − beta)/c)`. The point's `t` is recovered
+/// by inverting the curve at `rate`, so the climb depends only on the row.
+pub fn cubic(rate: f64, w_max: f64, beta: f64, c: f64, dt: f64) -> f64 {
+    if !(c > 0.0 && dt > 0.0 && w_max.is_finite() && rate.is_finite()) {
+        return rate;
+    }
+    let k = (w_max * (1.0 - beta) / c).cbrt();
+    let t = k + ((rate - w_max) / c).cbrt();
+    let next = w_max + c * (t + dt - k).powi(3);
+    next.max(rate)
+}
+
+/// Counts `n` slots reserved at `now` in the row's meter; `from` is where they start on the
+/// limiter's timeline (the `tat` before the reservation, or now when the fleet was idle), so
+/// a window's slots run from its start to the current `tat`. The window rolls every
+/// [`METER_WINDOW`]; one that ended after a gap of more than two windows leaves no rate (it
+/// would mix idle time into the fleet's rate).
+fn meter(row: &mut FlowRow, n: u32, from: Timestamp, now: Timestamp) {
+    let window_us = METER_WINDOW.as_micros() as i64;
+    match row.meter_started {
+        Some(s) if us(now) - us(s) < window_us => {
+            row.meter_slots = row.meter_slots.saturating_add(n);
+        }
+        Some(s) => {
+            // The window's slots ran from its start to where this reservation's slots begin
+            // (at least a window: the roll comes a window after the start, or later).
+            let el = (us(from) - us(s)) as f64 / 1e6;
+            let gap = (us(now) - us(s)) as f64 / 1e6;
+            let window = METER_WINDOW.as_secs_f64();
+            row.meter_rate =
+                (gap <= 2.0 * window).then(|| f64::from(row.meter_slots) / el.max(window));
+            row.meter_started = Some(ms_floor(from));
+            row.meter_slots = n;
+        }
+        None => {
+            row.meter_started = Some(ms_floor(from));
+            row.meter_slots = n;
+            row.meter_rate = None;
+        }
+    }
+}
+
+/// Whole milliseconds, as the store keeps its times.
+fn ms_floor(t: Timestamp) -> Timestamp {
+    DateTime::from_timestamp_millis(t.timestamp_millis()).unwrap_or(t)
 }
 
 fn us(t: Timestamp) -> i64 {
@@ -675,7 +803,9 @@ impl FlowConfig {
                 until: add(now, self.round_wait()),
                 reason: DeferReason::BreakerOpen,
             },
-            BreakerState::Closed if self.rate_in_force(row).is_some() => Check::Limited,
+            BreakerState::Closed if self.rate_in_force(row).is_some() || self.slow_starts(row) => {
+                Check::Limited
+            }
             BreakerState::Closed => Check::Go,
         }
     }
@@ -707,12 +837,13 @@ impl FlowConfig {
             FlowEvent::RateLimited {
                 pause_until,
                 served_per_s,
+                delivered,
                 probe,
             } => {
                 if probe {
                     transition = self.probe_answered(&mut next, CallResult::Ignored, now, rng);
                 }
-                self.rate_limited(&mut next, pause_until, served_per_s, now);
+                self.rate_limited(&mut next, pause_until, served_per_s, delivered, now);
             }
             FlowEvent::Tick => transition = self.tick(&mut next, now),
             FlowEvent::Force(mode) => transition = self.force(&mut next, mode, now),
@@ -751,26 +882,38 @@ impl FlowConfig {
             Check::Go | Check::Limited => {}
         }
         let cfg = &self.rate;
+        let max_rate = cfg.limit.map_or(cfg.ceiling, |l| l.min(cfg.ceiling));
+        if self.slow_starts(row) {
+            // First contact: a modest rate that grows fast until the first 429.
+            row.rate = cfg.slow_start.map(|s| s.min(max_rate));
+            row.rate_raised_at = Some(now);
+        }
         let Some(mut rate) = self.rate_in_force(row) else {
             return Grant::Go;
         };
-        // Additive increase, while the dependency is used and outside a congestion epoch.
-        let max_rate = cfg.limit.map_or(cfg.ceiling, |l| l.min(cfg.ceiling));
+        // Grow, while the dependency is used and outside a congestion epoch.
         if cfg.adaptive && row.rate.is_some() {
             let calm = row
                 .rate_cut_at
                 .is_none_or(|c| now >= add(c, CONGESTION_EPOCH));
             if calm {
-                let dt = row
-                    .rate_raised_at
-                    .map_or(0.0, |t| ((us(now) - us(t)).max(0) as f64 / 1e6).min(1.0));
-                rate = (rate + cfg.increase * dt).min(max_rate);
+                // The climb counts from the epoch's end (the epoch is no time of use).
+                let since = row.rate_raised_at.map(|t| match row.rate_cut_at {
+                    Some(c) => us(t).max(us(add(c, CONGESTION_EPOCH))),
+                    None => us(t),
+                });
+                let dt = since.map_or(0.0, |t| (us(now) - t).max(0) as f64 / 1e6);
+                rate = self.grown(row, rate, dt).min(max_rate);
                 row.rate_raised_at = Some(now);
                 if cfg.limit.is_none() && rate >= cfg.ceiling {
-                    // Grown to the ceiling: the learned limit is lifted.
+                    // Grown to the ceiling: the learned limit is lifted, for good.
                     row.rate = None;
                     row.tat = None;
                     row.rate_cap = None;
+                    row.rate_lifted = true;
+                    row.meter_started = None;
+                    row.meter_slots = 0;
+                    row.meter_rate = None;
                     return Grant::Go;
                 }
             }
@@ -794,6 +937,18 @@ impl FlowConfig {
         let fit = (now_us.saturating_add(ahead_us) - (a0 - tol_us)) / interval_us + 1;
         let n = want.min(fit).clamp(1, i64::from(MAX_SLOTS_PER_RESERVATION));
         row.tat = Some(ts_us(a0 + n * interval_us));
+        meter(row, n as u32, ts_us(a0), now);
+        if cfg.adaptive
+            && cfg.limit.is_none()
+            && row.rate_cap.is_none()
+            && row.rate_cut_at.is_none()
+        {
+            // Slow start: the rate doubles every SLOW_START_DOUBLING worth of the slots handed
+            // out (as TCP's window per round trip of acknowledgements), so slots reserved
+            // ahead at the old rate are used before it grows again: no burst when they are.
+            let d = SLOW_START_DOUBLING.as_secs_f64();
+            row.rate = Some((rate * 2f64.powf(n as f64 / (rate * d))).min(max_rate));
+        }
         Grant::Slots(Slots {
             base_us: a0 - tol_us,
             interval_us,
@@ -928,6 +1083,7 @@ impl FlowConfig {
         row: &mut FlowRow,
         pause_until: Option<Timestamp>,
         served_per_s: Option<f64>,
+        delivered: Option<f64>,
         now: Timestamp,
     ) {
         if let Some(u) = pause_until.filter(|u| *u > now) {
@@ -950,20 +1106,85 @@ impl FlowConfig {
             .rate_cut_at
             .is_some_and(|c| now < add(c, CONGESTION_EPOCH));
         if in_epoch {
-            let cap = row.rate_cap.unwrap_or(cfg.ceiling) * cfg.decrease;
-            let r = row.rate.unwrap_or(cfg.floor) + cfg.decrease * served;
-            row.rate = Some(r.min(cap).max(cfg.floor));
+            // One cut per congestion epoch: the 429s of the same overload say nothing new.
             return;
         }
-        let cap = self
+        let in_force = self
             .rate_in_force(row)
             .unwrap_or(cfg.ceiling)
             .min(cfg.ceiling);
-        let r = (cfg.decrease * served.min(cap)).clamp(cfg.floor, cfg.ceiling);
+        let share = delivered
+            .filter(|d| d.is_finite())
+            .map_or(1.0, |d| d.clamp(0.0, 1.0));
+        // What the fleet got through: its metered send rate × the delivered share; never less
+        // than what the reporter alone got through. Without a meter (no limit was in force),
+        // the reporter's own measure is all there is.
+        let mut through = match self.fleet_send_rate(row, now) {
+            Some(sent) => (sent.min(in_force) * share).max(served),
+            None => served,
+        }
+        .min(in_force);
+        let in_slow_start = cfg.limit.is_none()
+            && cfg.slow_start.is_some()
+            && row.rate.is_some()
+            && row.rate_cap.is_none()
+            && row.rate_cut_at.is_none();
+        if in_slow_start {
+            // The first 429 of slow start: the limit lies within the last doubling, and a
+            // PSP's bucket let the fleet run past it for a while (TCP halves its window here).
+            through *= 0.5;
+        }
+        let r = (cfg.decrease * through).clamp(cfg.floor, cfg.ceiling);
         row.rate = Some(r);
-        row.rate_cap = Some(cap);
+        row.rate_cap = Some(through.max(r));
         row.rate_cut_at = Some(now);
         row.rate_raised_at = Some(now);
+    }
+
+    /// Whether a reservation on `row` starts slow start: adaptive, no configured limit, none
+    /// learned and never lifted.
+    fn slow_starts(&self, row: &FlowRow) -> bool {
+        let cfg = &self.rate;
+        cfg.adaptive
+            && cfg.limit.is_none()
+            && cfg.slow_start.is_some()
+            && row.rate.is_none()
+            && !row.rate_lifted
+    }
+
+    /// The rate after `dt` more seconds of use: CUBIC's climb after a 429. One reservation
+    /// counts at most one second, so time without reservations (idle, paused, open) does not
+    /// count.
+    fn grown(&self, row: &FlowRow, rate: f64, dt: f64) -> f64 {
+        let cfg = &self.rate;
+        let Some(w_max) = row.rate_cap else {
+            // Slow start grows with the slots it hands out ([`FlowConfig::reserve`]).
+            return rate;
+        };
+        let dt = dt.min(1.0);
+        let next = cubic(rate, w_max, cfg.decrease, cfg.increase, dt);
+        if next > w_max {
+            // Above W_max the curve is convex: against a PSP whose bucket holds seconds of
+            // its rate, the 429 comes seconds late and the rate would have run far beyond the
+            // limit meanwhile. Probe at most PROBE_SLOPE × W_max more per second of use.
+            return next.min(rate.max(w_max) + PROBE_SLOPE * w_max * dt);
+        }
+        next
+    }
+
+    /// The fleet's send rate (slots reserved per second) from the row's meter: the current
+    /// window (its slots run from its start to the limiter's `tat`, or to now when the fleet
+    /// fell idle) blended with the previous one's rate. `None` when nothing was metered.
+    pub fn fleet_send_rate(&self, row: &FlowRow, now: Timestamp) -> Option<f64> {
+        let start = row.meter_started?;
+        let end = row.tat.map_or(us(now), |t| us(t).max(us(now)));
+        let span = ((end - us(start)).max(0) as f64 / 1e6).max(self.rate.batch.as_secs_f64());
+        let cur = f64::from(row.meter_slots);
+        let window = METER_WINDOW.as_secs_f64();
+        Some(match row.meter_rate {
+            Some(prev) => (prev * window + cur) / (window + span),
+            None => cur / span,
+        })
     }
 
     fn tick(&self, row: &mut FlowRow, now: Timestamp) -> Option<Transition> {

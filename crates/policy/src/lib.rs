@@ -47,7 +47,8 @@ pub use backoff::{
 };
 pub use breaker::{
     Admission, BreakerConfig, BreakerConfigBuilder, BreakerMode, BreakerState, CallResult,
-    CircuitBreaker, Transition, TransitionReason, Window,
+    CircuitBreaker, DEFAULT_COOLDOWN_MAX, DEFAULT_COOLDOWN_MULTIPLIER, DEFAULT_OPEN_COOLDOWN,
+    Transition, TransitionReason, Window,
 };
 pub use budget::{RetryBudget, RetryBudgetBuilder};
 pub use decline::{
@@ -61,9 +62,10 @@ pub use explain::{ExplainRow, Explanation, explain};
 pub use file::PolicySet;
 pub use flow::{
     CONGESTION_EPOCH, Check, DEFAULT_RATE_BATCH, DEFAULT_RATE_BURST, DEFAULT_RATE_CEILING,
-    DEFAULT_RATE_DECREASE, DEFAULT_RATE_FLOOR, DEFAULT_RATE_INCREASE, FlowClient, FlowConfig,
-    FlowEvent, FlowRow, Grant, MAX_INFLIGHT, MAX_SLOTS_PER_RESERVATION, Next, RateConfig,
-    SLOT_HORIZON, ServedRate, Slots, Step, until_resumed,
+    DEFAULT_RATE_DECREASE, DEFAULT_RATE_FLOOR, DEFAULT_RATE_INCREASE, DEFAULT_SLOW_START,
+    FlowClient, FlowConfig, FlowEvent, FlowRow, Grant, MAX_INFLIGHT, MAX_SLOTS_PER_RESERVATION,
+    METER_WINDOW, Next, PROBE_SLOPE, RateConfig, SLOT_HORIZON, SLOW_START_DOUBLING, ServedRate,
+    Slots, Step, cubic, until_resumed,
 };
 pub use jitter::{Jitter, MAX_PROPORTIONAL_FACTOR, ProportionalFactor};
 pub use outcome::{Outcome, StatusTable};

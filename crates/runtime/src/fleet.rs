@@ -8,9 +8,11 @@
 //! through lately, its retry budget. Nothing about breakers, pauses or rates is decided here;
 //! `redrive simulate` drives the same two types in simulated time.
 //!
-//! Store writes: none per call while a dependency is healthy and has no rate limit; one per
-//! reserved batch of send slots (about 100 ms of the rate) while a limit is in force; one per
-//! probe taken and answered; one per opening, 429 report and housekeeping step.
+//! Store writes: none per call while a dependency is healthy and has no rate limit (a learned
+//! one lifted at its ceiling, or none learned with slow start off); one per reserved batch of
+//! send slots (about 100 ms of the rate, and the fleet's meter rides on the same write) while
+//! a limit or slow start is in force; one per probe taken and answered; one per opening, 429
+//! report and housekeeping step.
 //!
 //! Rows are read through a short cache (`refresh`, 20 ms by default) so that a busy worker
 //! does not read the row before every call; this process's own writes update the cache at

@@ -81,7 +81,8 @@ pub struct Outage {
 /// - blocked deferrals spread by up to 2 s ([`DEFAULT_BLOCKED_JITTER`]); a send slot waited for
 ///   in process up to 10 s ([`DEFAULT_IN_PROCESS_MAX_WAIT`](redrive_policy::DEFAULT_IN_PROCESS_MAX_WAIT))
 /// - the breaker: [`BreakerConfig::default`]
-/// - one worker process (all workers share one [`FlowClient`](redrive_policy::FlowClient))
+/// - one worker process (all workers share one [`FlowClient`](redrive_policy::FlowClient)),
+///   no clock skew
 /// - the run stops after 1 h of simulated time (workers still waiting count as failed)
 #[derive(Debug, Clone, PartialEq)]
 pub struct CapacityConfig {
@@ -114,6 +115,9 @@ pub struct CapacityConfig {
     /// Worker processes the workers are spread over (round robin): each has its own
     /// [`FlowClient`](redrive_policy::FlowClient), so its own breaker window and send slots.
     pub processes: u32,
+    /// The processes' clocks are off the true time by offsets spread evenly over
+    /// `-clock_skew..=+clock_skew` (see the `fleet` module).
+    pub clock_skew: Duration,
     /// Simulated time after which the run stops.
     pub horizon: Duration,
 }
@@ -135,6 +139,7 @@ impl Default for CapacityConfig {
             in_process_max_wait: redrive_policy::DEFAULT_IN_PROCESS_MAX_WAIT,
             breaker: BreakerConfig::default(),
             processes: 1,
+            clock_skew: Duration::ZERO,
             horizon: Duration::from_secs(3600),
         }
     }
@@ -177,7 +182,7 @@ impl CapacityConfig {
                 "above 0s and at most 7 days",
             ));
         }
-        Ok(())
+        check_skew(self.clock_skew)
     }
 
     /// The bucket's size in requests.
@@ -220,6 +225,21 @@ impl CapacityConfig {
     }
 }
 
+/// The largest clock skew a model accepts.
+pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(3600);
+
+/// Refuses a clock skew beyond [`MAX_CLOCK_SKEW`].
+pub(crate) fn check_skew(skew: Duration) -> Result<(), SimError> {
+    if skew > MAX_CLOCK_SKEW {
+        return Err(SimError::config(
+            "clock skew",
+            redrive_policy::format_duration(skew),
+            "at most 1h",
+        ));
+    }
+    Ok(())
+}
+
 const WAKE: u8 = 0;
 const AT_SERVER: u8 = 1;
 const REPLY: u8 = 2;
@@ -242,7 +262,8 @@ pub(crate) fn run<R: Rng + ?Sized>(
     let n = clients as usize;
     let policy = cfg.blocked_policy()?;
     let max_wait = policy.retry().in_process_max_wait();
-    let mut fleet = Fleet::new(cfg.flow(strategy)?, cfg.processes, seed, !strategy.breaker);
+    let mut fleet = Fleet::new(cfg.flow(strategy)?, cfg.processes, seed, !strategy.breaker)
+        .with_clock_skew(cfg.clock_skew);
     let process = |c: u32| (c % cfg.processes.max(1)) as usize;
     let mut out = RunResult::default();
     let mut q = Queue::with_capacity(n);

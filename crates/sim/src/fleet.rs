@@ -13,6 +13,13 @@
 //! neither has a breaker, a pause or a limiter of its own; they only move simulated time.
 //! The row is read and written with no delay (a single process's writes update its cached
 //! row at once in the runtime too).
+//!
+//! Clock skew ([`Fleet::with_clock_skew`]): process `i` of `N` reads its clock `offset_i` off
+//! the true time, the offsets spread evenly over `-D..=+D`. Every event a process applies
+//! carries its own clock's `now`, a `Retry-After` becomes an instant on its clock, and the
+//! instants it is handed (send slots, block ends) are waited for on its clock, so what skew
+//! does to the shared row shows in the run. The store's claim and the housekeeping tick use
+//! the true time (the database's clock).
 
 use std::time::Duration;
 
@@ -30,6 +37,12 @@ const ORIGIN_US: i64 = 1_767_225_600_000_000;
 /// precision, as the flow core keeps its slots).
 pub(crate) fn ts(t_ns: u64) -> Timestamp {
     DateTime::from_timestamp_micros(ORIGIN_US + (t_ns / 1_000) as i64)
+        .unwrap_or(DateTime::<chrono::Utc>::MAX_UTC)
+}
+
+/// Simulated time shifted by `offset_us` (a process's clock), as a wall-clock instant.
+fn ts_off(t_ns: u64, offset_us: i64) -> Timestamp {
+    DateTime::from_timestamp_micros(ORIGIN_US + (t_ns / 1_000) as i64 + offset_us)
         .unwrap_or(DateTime::<chrono::Utc>::MAX_UTC)
 }
 
@@ -62,6 +75,8 @@ pub(crate) struct Fleet {
     cfg: FlowConfig,
     row: FlowRow,
     clients: Vec<FlowClient>,
+    /// Each process's clock offset from the true time, in microseconds.
+    offsets: Vec<i64>,
     transitions: Vec<Transition>,
     writes: u64,
 }
@@ -85,10 +100,41 @@ impl Fleet {
         Self {
             cfg,
             row,
+            offsets: vec![0; processes.max(1) as usize],
             clients,
             transitions: Vec::new(),
             writes: 0,
         }
+    }
+
+    /// Spreads the processes' clocks evenly over `-skew..=+skew` around the true time (one
+    /// process: no offset).
+    pub(crate) fn with_clock_skew(mut self, skew: Duration) -> Self {
+        let n = self.offsets.len();
+        let d = i64::try_from(skew.as_micros()).unwrap_or(i64::MAX / 4);
+        if n > 1 {
+            for (i, o) in self.offsets.iter_mut().enumerate() {
+                *o = -d + 2 * d * i as i64 / (n as i64 - 1);
+            }
+        }
+        self
+    }
+
+    /// Process `p`'s clock at true time `now_ns`.
+    fn local(&self, p: usize, now_ns: u64) -> Timestamp {
+        ts_off(now_ns, self.offsets[p])
+    }
+
+    /// An instant on process `p`'s clock as true simulated time.
+    fn real_ns(&self, p: usize, t: Timestamp) -> u64 {
+        u64::try_from(t.timestamp_micros() - self.offsets[p] - ORIGIN_US)
+            .unwrap_or(0)
+            .saturating_mul(1_000)
+    }
+
+    /// An instant on process `p`'s clock as an instant on the true clock.
+    fn real(&self, p: usize, t: Timestamp) -> Timestamp {
+        t - chrono::Duration::microseconds(self.offsets[p])
     }
 
     /// The shared row.
@@ -137,7 +183,7 @@ impl Fleet {
         now_ns: u64,
         rng: &mut R,
     ) -> Gate {
-        let now = ts(now_ns);
+        let now = self.local(p, now_ns);
         let mut next = match waited_since {
             None => self.clients[p].before_call(&self.row, retry, max_wait, now),
             Some(since) => {
@@ -155,13 +201,16 @@ impl Fleet {
                 probe,
             },
             Next::CallAt { at } => Gate::Call {
-                at_ns: ns_of(at).max(now_ns),
+                at_ns: self.real_ns(p, at).max(now_ns),
                 probe: false,
             },
             Next::Wait { until } => Gate::Wait {
-                at_ns: ns_of(until).max(now_ns),
+                at_ns: self.real_ns(p, until).max(now_ns),
             },
-            Next::Blocked { until, reason } => Gate::Blocked { until, reason },
+            Next::Blocked { until, reason } => Gate::Blocked {
+                until: self.real(p, until),
+                reason,
+            },
             // `granted` never asks for a second event; were it to, look again shortly.
             Next::Apply(_) => Gate::Blocked {
                 until: ts(now_ns + 1_000_000),
@@ -183,12 +232,26 @@ impl Fleet {
         now_ns: u64,
         rng: &mut R,
     ) {
-        let now = ts(now_ns);
+        let now = self.local(p, now_ns);
+        // The server's wait, as an instant on this process's clock.
+        let off = chrono::Duration::microseconds(self.offsets[p]);
+        let pause_until = pause_until.map(|u| u + off);
         if let Some(ev) =
             self.clients[p].after_call(&self.row, probe, class, took, pause_until, now)
         {
             self.apply(ev, now, rng);
             self.clients[p].reported(&self.row, now);
+        }
+    }
+
+    /// Just before process `p` sends a call at its send slot, as the runtime's worker looks
+    /// again ([`FlowClient::at_slot`]): `None` to send it, else until when the row blocks it
+    /// (the breaker opened or the dependency was paused while the slot was waited for).
+    pub(crate) fn at_slot(&mut self, p: usize, now_ns: u64) -> Option<(Timestamp, DeferReason)> {
+        let now = self.local(p, now_ns);
+        match self.clients[p].at_slot(&self.row, now)? {
+            Next::Blocked { until, reason } => Some((self.real(p, until), reason)),
+            _ => Some((ts(now_ns), DeferReason::BreakerOpen)),
         }
     }
 

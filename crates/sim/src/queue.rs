@@ -1,5 +1,7 @@
-//! The `queue` model: a queue of J jobs drained by one worker process with W job slots, each
-//! job one payment call to a PSP that has a bad day. It predicts a whole run of `redrive demo`
+//! The `queue` model: a queue of J jobs drained by P worker processes (one by default) with W
+//! job slots each, each job one payment call to a PSP that has a bad day. Each process has its
+//! own claim loop and its own [`FlowClient`](redrive_policy::FlowClient), on the one shared
+//! row, and its clock may be off the true time (`clock_skew`). It predicts a whole run of `redrive demo`
 //! (`redrive simulate --model capacity --scenario demo`).
 //!
 //! Why a queue, not the `capacity` model's herd: what a fleet does to a PSP over a run depends
@@ -114,15 +116,20 @@ impl Default for PspModel {
 /// Parameters of the `queue` model.
 ///
 /// # Default (of [`QueueConfig::new`])
-/// 2,000 jobs, 16 slots, the `http` kind's 10 s call timeout, the runtime's defaults (poll
+/// 2,000 jobs, one process with 16 slots and a true clock, the `http` kind's 10 s call timeout, the runtime's defaults (poll
 /// 250 ms, claims of up to 200 jobs, a 2 ms linger, housekeeping every 100 ms), 0.5 ms each
 /// way between worker and PSP, 1 ms per store call, and a 1 h horizon.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QueueConfig {
     /// Jobs in the queue at the start, all due.
     pub jobs: u32,
-    /// Jobs run at once (the worker's concurrency).
+    /// Jobs run at once by each worker process (its concurrency).
     pub workers: u32,
+    /// Worker processes draining the queue, each with its own claim loop and flow client.
+    pub processes: u32,
+    /// The processes' clocks are off the true time by offsets spread evenly over
+    /// `-clock_skew..=+clock_skew`.
+    pub clock_skew: Duration,
     /// The jobs' retry policy.
     pub policy: RetryPolicy,
     /// The dependency's flow control.
@@ -154,6 +161,8 @@ impl QueueConfig {
         Self {
             jobs: 2000,
             workers: 16,
+            processes: 1,
+            clock_skew: Duration::ZERO,
             policy,
             flow,
             psp,
@@ -187,6 +196,14 @@ impl QueueConfig {
                 format!("from 1 to {MAX_WORKERS}"),
             ));
         }
+        if !(1..=1000).contains(&self.processes) {
+            return Err(SimError::config(
+                "processes",
+                self.processes,
+                "from 1 to 1000",
+            ));
+        }
+        crate::capacity::check_skew(self.clock_skew)?;
         if self.claim_batch == 0 {
             return Err(SimError::config("claim batch", 0, "at least 1"));
         }
@@ -463,6 +480,8 @@ struct Job {
     counters: JobCounters,
     charged: bool,
     probe: bool,
+    /// The process that claimed it.
+    proc: u32,
     sent_ns: u64,
     /// Waiting in process for the reservation horizon since then.
     waited_since: Option<u64>,
@@ -491,9 +510,10 @@ struct Sim<'a> {
     jobs: Vec<Job>,
     /// Jobs waiting in the queue: `(run_at, id)`.
     pending: BTreeSet<(u64, u32)>,
-    running: u32,
-    loop_state: LoopState,
-    loop_gen: u64,
+    /// Per process: jobs running, where its claim loop is, and its loop's generation.
+    running: Vec<u32>,
+    loop_state: Vec<LoopState>,
+    loop_gen: Vec<u64>,
     ended: u32,
     seen_transitions: usize,
     out: QueueRun,
@@ -512,14 +532,15 @@ pub fn run_queue(cfg: &QueueConfig, seed: u64) -> Result<QueueRun, SimError> {
     let mut sim = Sim {
         cfg,
         rng: SmallRng::seed_from_u64(seed),
-        q: Queue::with_capacity(cfg.workers as usize * 4),
-        fleet: Fleet::new(cfg.flow.clone(), 1, seed, false),
+        q: Queue::with_capacity((cfg.workers * cfg.processes) as usize * 4),
+        fleet: Fleet::new(cfg.flow.clone(), cfg.processes, seed, false)
+            .with_clock_skew(cfg.clock_skew),
         psp: Psp::new(cfg.psp.clone(), seed),
         jobs: vec![Job::default(); cfg.jobs as usize],
         pending: (0..cfg.jobs).map(|i| (0, i)).collect(),
-        running: 0,
-        loop_state: LoopState::Scheduled,
-        loop_gen: 0,
+        running: vec![0; cfg.processes as usize],
+        loop_state: vec![LoopState::Scheduled; cfg.processes as usize],
+        loop_gen: vec![0; cfg.processes as usize],
         ended: 0,
         seen_transitions: 0,
         out: QueueRun {
@@ -529,7 +550,9 @@ pub fn run_queue(cfg: &QueueConfig, seed: u64) -> Result<QueueRun, SimError> {
         in_outage: 0,
         back_at: None,
     };
-    sim.q.push(0, 0, LOOP, 0);
+    for p in 0..cfg.processes {
+        sim.q.push(0, p, LOOP, 0);
+    }
     sim.q.push(ns(cfg.tick), 0, TICK, 0);
     let horizon = ns(cfg.horizon);
     let mut last = 0;
@@ -539,9 +562,11 @@ pub fn run_queue(cfg: &QueueConfig, seed: u64) -> Result<QueueRun, SimError> {
         }
         last = t;
         match kind {
-            LOOP if payload == sim.loop_gen => sim.claim_loop(t, false),
+            LOOP if payload == sim.loop_gen[id as usize] => sim.claim_loop(id, t, false),
             // A linger that ran out claims what it has.
-            LOOP if payload == sim.loop_gen + (1 << 63) => sim.claim_loop(t, true),
+            LOOP if payload == sim.loop_gen[id as usize] + (1 << 63) => {
+                sim.claim_loop(id, t, true);
+            }
             LOOP => {}
             START | RETRY => sim.attempt(id, t),
             SEND => sim.send(id, t),
@@ -569,33 +594,35 @@ pub fn run_queue(cfg: &QueueConfig, seed: u64) -> Result<QueueRun, SimError> {
 }
 
 impl Sim<'_> {
-    fn push_loop(&mut self, t: u64, linger_over: bool) {
-        self.loop_gen += 1;
-        self.loop_state = if linger_over {
+    fn push_loop(&mut self, p: u32, t: u64, linger_over: bool) {
+        let pi = p as usize;
+        self.loop_gen[pi] += 1;
+        self.loop_state[pi] = if linger_over {
             LoopState::Linger
         } else {
             LoopState::Scheduled
         };
         let tag = if linger_over {
-            self.loop_gen + (1 << 63)
+            self.loop_gen[pi] + (1 << 63)
         } else {
-            self.loop_gen
+            self.loop_gen[pi]
         };
-        self.q.push(t, 0, LOOP, tag);
+        self.q.push(t, p, LOOP, tag);
     }
 
     /// One pass of the worker's claim loop (`run_inner`): take the free slots, linger briefly
     /// when few are free and others are busy, claim, or wait for the next due job.
-    fn claim_loop(&mut self, t: u64, lingered: bool) {
+    fn claim_loop(&mut self, p: u32, t: u64, lingered: bool) {
         let cfg = self.cfg;
-        let free = cfg.workers - self.running;
+        let pi = p as usize;
+        let free = cfg.workers - self.running[pi];
         if free == 0 {
-            self.loop_state = LoopState::WaitPermit;
+            self.loop_state[pi] = LoopState::WaitPermit;
             return;
         }
         let enough = (cfg.claim_batch.min(cfg.workers) / 4).max(1);
-        if !lingered && free < enough && self.running > 0 && !cfg.claim_linger.is_zero() {
-            self.push_loop(t + ns(cfg.claim_linger), true);
+        if !lingered && free < enough && self.running[pi] > 0 && !cfg.claim_linger.is_zero() {
+            self.push_loop(p, t + ns(cfg.claim_linger), true);
             return;
         }
         let want = free.min(cfg.claim_batch);
@@ -607,15 +634,16 @@ impl Sim<'_> {
                 .first()
                 .map_or(u64::MAX, |&(run_at, _)| self.fleet.next_due(run_at));
             let wait = due.saturating_sub(done).clamp(1_000_000, ns(cfg.poll));
-            self.push_loop(done + wait, false);
-            self.loop_state = LoopState::Idle;
+            self.push_loop(p, done + wait, false);
+            self.loop_state[pi] = LoopState::Idle;
             return;
         }
         for id in claimed {
-            self.running += 1;
+            self.running[pi] += 1;
+            self.jobs[id as usize].proc = p;
             self.q.push(done, id, START, 0);
         }
-        self.push_loop(done, false);
+        self.push_loop(p, done, false);
     }
 
     /// The store's claim: due jobs in `run_at` order, none while the dependency is blocked.
@@ -642,8 +670,12 @@ impl Sim<'_> {
         let new = &ts_all[self.seen_transitions..];
         let wake = new.iter().any(|tr| tr.to != BreakerState::Open);
         self.seen_transitions = ts_all.len();
-        if wake && self.loop_state == LoopState::Idle {
-            self.push_loop(t, false);
+        if wake {
+            for p in 0..self.cfg.processes {
+                if self.loop_state[p as usize] == LoopState::Idle {
+                    self.push_loop(p, t, false);
+                }
+            }
         }
     }
 
@@ -654,7 +686,7 @@ impl Sim<'_> {
         let retry = job.counters.attempts > 0;
         let waited_since = job.waited_since;
         let gate = self.fleet.before_call(
-            0,
+            job.proc as usize,
             retry,
             policy.retry().in_process_max_wait(),
             waited_since,
@@ -687,6 +719,19 @@ impl Sim<'_> {
 
     /// The call leaves the worker.
     fn send(&mut self, id: u32, t: u64) {
+        let job = &self.jobs[id as usize];
+        if !job.probe
+            && let Some((until, reason)) = self.fleet.at_slot(job.proc as usize, t)
+        {
+            // The runtime looks at the row again before a call at a send slot.
+            self.out.blocked += 1;
+            let counters = job.counters;
+            let now = ts(t);
+            let action =
+                (self.cfg.policy).decide_blocked(&counters, until, reason, now, &mut self.rng);
+            self.conclude(id, t, action);
+            return;
+        }
         if self.jobs[id as usize].probe {
             self.out.probes += 1;
         } else if self.fleet.row().state == BreakerState::Open {
@@ -778,9 +823,9 @@ impl Sim<'_> {
             }
             _ => None,
         };
-        let probe = job.probe;
+        let (probe, p) = (job.probe, job.proc as usize);
         self.fleet
-            .after_call(0, probe, class, took, pause_until, t, &mut self.rng);
+            .after_call(p, probe, class, took, pause_until, t, &mut self.rng);
         self.woken(t);
         let counters = self.jobs[id as usize].counters;
         let verdict = policy.decide(&counters, &outcome, now, &mut self.rng);
@@ -841,13 +886,15 @@ impl Sim<'_> {
             }
             None => {}
         }
-        self.running -= 1;
-        match self.loop_state {
-            LoopState::WaitPermit | LoopState::Idle => self.push_loop(t, false),
+        let p = self.jobs[id as usize].proc;
+        let pi = p as usize;
+        self.running[pi] -= 1;
+        match self.loop_state[pi] {
+            LoopState::WaitPermit | LoopState::Idle => self.push_loop(p, t, false),
             LoopState::Linger => {
                 let enough = (self.cfg.claim_batch.min(self.cfg.workers) / 4).max(1);
-                if self.cfg.workers - self.running >= enough {
-                    self.push_loop(t, true);
+                if self.cfg.workers - self.running[pi] >= enough {
+                    self.push_loop(p, t, true);
                 }
             }
             LoopState::Scheduled => {}

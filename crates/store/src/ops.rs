@@ -670,9 +670,9 @@ where
         Ok(())
     }
 
-    /// Binds a dependency's row to `insert_dep` or `update_dep`: `$1` the name, `$2`–`$17`
-    /// the breaker's, pause's and rate's columns of `f` (`$7` the time written, `now` in
-    /// milliseconds). The update's expected version (`$18`) is the caller's to bind.
+    /// Binds a dependency's row to `insert_dep` or `update_dep`: `$1` the name, `$2`–`$21`
+    /// the breaker's, pause's, rate's and meter's columns of `f` (`$7` the time written, `now`
+    /// in milliseconds). The update's expected version (`$22`) is the caller's to bind.
     fn bind_dep_row<'q>(
         q: QueryScalar<'q, Self::Db, i64, <Self::Db as Database>::Arguments>,
         dependency: &'q str,
@@ -697,6 +697,10 @@ where
             .bind(f.rate_cut_at.map(millis))
             .bind(f.rate_cap)
             .bind(f.rate_raised_at.map(millis))
+            .bind(i64::from(f.rate_lifted))
+            .bind(f.meter_started.map(millis))
+            .bind(i64::from(f.meter_slots))
+            .bind(f.meter_rate)
     }
 
     // Operator controls (see [`crate::operator`]): each writes its audit row in the same

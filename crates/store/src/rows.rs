@@ -321,7 +321,8 @@ impl AttemptRow {
 
 pub(crate) const DEP_COLS: &str = "name, state, open_until, probe_permits, paused_until, \
     pause_reason, updated_at, version, mode, openings, probe_successes, probe_failures, \
-    round_started, rate_rps, tat_us, rate_cut_at, rate_cap, rate_raised_at";
+    round_started, rate_rps, tat_us, rate_cut_at, rate_cap, rate_raised_at, rate_lifted, \
+    meter_started, meter_slots, meter_rate";
 
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct DepRow {
@@ -343,6 +344,10 @@ pub(crate) struct DepRow {
     rate_cut_at: Option<i64>,
     rate_cap: Option<f64>,
     rate_raised_at: Option<i64>,
+    rate_lifted: i64,
+    meter_started: Option<i64>,
+    meter_slots: i64,
+    meter_rate: Option<f64>,
 }
 
 fn bad(field: &'static str, e: impl std::fmt::Display) -> StoreError {
@@ -376,6 +381,10 @@ impl DepRow {
             rate_cut_at: self.rate_cut_at.map(from_millis),
             rate_cap: self.rate_cap,
             rate_raised_at: self.rate_raised_at.map(from_millis),
+            rate_lifted: self.rate_lifted != 0,
+            meter_started: self.meter_started.map(from_millis),
+            meter_slots: u32_of("meter_slots", self.meter_slots.max(0))?,
+            meter_rate: self.meter_rate,
         };
         Ok(Dependency {
             name: self.name,

@@ -1270,6 +1270,10 @@ mod cases {
             rate_cut_at: Some(ms(T0 + 3)),
             rate_cap: Some(80.25),
             rate_raised_at: Some(ms(T0 + 4)),
+            rate_lifted: true,
+            meter_started: Some(ms(T0 + 5)),
+            meter_slots: 41,
+            meter_rate: Some(61.5),
         };
         let write = |expect: Option<i64>, flow: FlowRow, t: bool| DependencyWrite {
             dependency: "psp".into(),

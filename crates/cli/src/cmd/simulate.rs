@@ -94,6 +94,7 @@ fn resolve(a: &SimulateArgs) -> anyhow::Result<SweepConfig> {
                 (a.outage.is_some(), "--outage"),
                 (a.max_attempts.is_some(), "--max-attempts"),
                 (a.processes.is_some(), "--processes"),
+                (a.clock_skew.is_some(), "--clock-skew"),
             ];
             if let Some((_, flag)) = capacity_only.iter().find(|(given, _)| *given) {
                 return Err(usage(format!("{flag} applies to --model capacity only")));
@@ -111,6 +112,7 @@ fn resolve(a: &SimulateArgs) -> anyhow::Result<SweepConfig> {
             c.burst = a.burst.or(c.burst);
             c.max_attempts = a.max_attempts.unwrap_or(c.max_attempts);
             c.processes = a.processes.unwrap_or(c.processes);
+            c.clock_skew = a.clock_skew.unwrap_or(c.clock_skew);
             c.overload = match a.overload {
                 None | Some(429) => Overload::TooManyRequests,
                 Some(503) => Overload::Unavailable,
@@ -245,6 +247,7 @@ fn flag_message(e: SimError) -> String {
                 "burst" => "--burst",
                 "max attempts" => "--max-attempts",
                 "processes" => "--processes",
+                "clock skew" => "--clock-skew",
                 _ => return e.to_string(),
             };
             format!("invalid {flag} {value}: must be {reason}")

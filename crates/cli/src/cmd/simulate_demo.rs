@@ -1,12 +1,17 @@
-//! `redrive simulate --model capacity --scenario demo`: `redrive demo`'s default run,
-//! predicted by the simulator's `queue` model with the demo's own scenario and policies
-//! (`demo_scenario`), so that what the simulator shows is what the demo's fleet does (R23).
+//! `redrive simulate --model capacity --scenario demo|fleet`: a whole run predicted by the
+//! simulator's `queue` model, so that what the simulator shows is what the fleet does (R23).
+//! - `demo`: `redrive demo`'s default run, with the demo's own scenario and policies
+//!   (`demo_scenario`);
+//! - `fleet`: three `redrive work --concurrency 16` processes with the default policies
+//!   (the `payment` preset, the default flow control) draining 1,000 charges from a PSP at
+//!   50/s with `Retry-After: 1`, 10% 5xx and an outage at 4 s for 5 s.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use redrive_policy::PolicySet;
 use redrive_psp_sim::Faults;
 use redrive_sim::{PspModel, PspOutage, QueueConfig, QueueRun, QueueSummary};
 use serde::Serialize;
@@ -18,6 +23,9 @@ use crate::error::usage;
 
 /// Runs per prediction when `--runs` is not given.
 const DEFAULT_RUNS: u32 = 5;
+
+/// The `fleet` scenario: worker processes, workers each, charges.
+const FLEET: (u32, u32, u32) = (3, 16, 1000);
 
 /// `redrive demo`'s arguments as a plain `redrive demo` has them.
 #[derive(Debug, Parser)]
@@ -32,6 +40,8 @@ struct Report<'a> {
     scenario: &'a str,
     jobs: u32,
     workers: u32,
+    processes: u32,
+    clock_skew_ms: u128,
     psp: &'a PspModel,
     mean: QueueSummary,
     runs: &'a [QueueRun],
@@ -50,8 +60,10 @@ pub(crate) fn run(a: &SimulateArgs, name: &str) -> anyhow::Result<ExitCode> {
     }
     if let (Some(path), Some(first)) = (&a.plot, results.first()) {
         let title = format!(
-            "redrive simulate --scenario demo: PSP load, {} charges, {} workers (seed {})",
-            cfg.jobs, cfg.workers, first.seed
+            "redrive simulate --scenario {name}: PSP load, {} charges, {} (seed {})",
+            cfg.jobs,
+            workers(&cfg),
+            first.seed
         );
         redrive_sim::plot_load(
             &first.load_chart(title, cfg.psp.outage, cfg.psp.rate_limit),
@@ -64,6 +76,8 @@ pub(crate) fn run(a: &SimulateArgs, name: &str) -> anyhow::Result<ExitCode> {
             scenario: name,
             jobs: cfg.jobs,
             workers: cfg.workers,
+            processes: cfg.processes,
+            clock_skew_ms: cfg.clock_skew.as_millis(),
             psp: &cfg.psp,
             mean: QueueSummary::of(&results),
             runs: &results,
@@ -72,9 +86,9 @@ pub(crate) fn run(a: &SimulateArgs, name: &str) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let title = format!(
-        "scenario demo: {} charges, {} workers; the PSP: {}; {} run{} (seeds {}..{})",
+        "scenario {name}: {} charges, {}; the PSP: {}; {} run{} (seeds {}..{})",
         cfg.jobs,
-        cfg.workers,
+        workers(&cfg),
         describe(&cfg.psp),
         runs,
         if runs == 1 { "" } else { "s" },
@@ -101,13 +115,32 @@ pub(crate) fn run(a: &SimulateArgs, name: &str) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The demo's run as the `queue` model's parameters.
-fn resolve(a: &SimulateArgs, name: &str) -> anyhow::Result<QueueConfig> {
-    if name.trim() != "demo" {
-        return Err(usage(format!(
-            "invalid --scenario {name:?}: the only scenario is demo"
-        )));
+/// "16 workers" for one process, "3 processes × 16 workers" for several, with the clock
+/// skew if any.
+fn workers(cfg: &QueueConfig) -> String {
+    let mut s = if cfg.processes == 1 {
+        format!("{} workers", cfg.workers)
+    } else {
+        format!("{} processes × {} workers", cfg.processes, cfg.workers)
+    };
+    if !cfg.clock_skew.is_zero() {
+        let skew = redrive_policy::format_duration(cfg.clock_skew);
+        s.push_str(&format!(" (clocks skewed over ±{skew})"));
     }
+    s
+}
+
+/// The scenario's run as the `queue` model's parameters.
+fn resolve(a: &SimulateArgs, name: &str) -> anyhow::Result<QueueConfig> {
+    let fleet = match name.trim() {
+        "demo" => false,
+        "fleet" => true,
+        _ => {
+            return Err(usage(format!(
+                "invalid --scenario {name:?}: must be demo or fleet"
+            )));
+        }
+    };
     if a.model.trim() != "capacity" {
         return Err(usage("--scenario applies to --model capacity only"));
     }
@@ -121,17 +154,21 @@ fn resolve(a: &SimulateArgs, name: &str) -> anyhow::Result<QueueConfig> {
         (a.retry_after.is_some(), "--retry-after"),
         (a.outage.is_some(), "--outage"),
         (a.max_attempts.is_some(), "--max-attempts"),
-        (a.processes.is_some(), "--processes"),
     ];
     if let Some((_, flag)) = fixed.iter().find(|(given, _)| *given) {
         return Err(usage(format!(
-            "{flag} does not apply with --scenario demo: the scenario sets it"
+            "{flag} does not apply with --scenario {name}: the scenario sets it"
         )));
     }
     check_plot(a.plot.as_deref())?;
     let demo = DemoDefaults::try_parse_from(["demo"])?.demo;
+    let default_workers = if fleet {
+        FLEET.1
+    } else {
+        u32::try_from(demo.concurrency)?
+    };
     let workers = match &a.clients {
-        None => u32::try_from(demo.concurrency)?,
+        None => default_workers,
         Some(s) => match parse_clients(s)?.as_slice() {
             [n] => *n,
             _ => {
@@ -141,14 +178,40 @@ fn resolve(a: &SimulateArgs, name: &str) -> anyhow::Result<QueueConfig> {
             }
         },
     };
-    let (set, policy) = policies()?;
-    let psp = psp_model(&scenario(&demo))?;
-    let cfg = QueueConfig {
-        jobs: u32::try_from(demo.charges)?,
-        workers,
-        call_timeout: CALL_TIMEOUT,
-        poll: POLL_INTERVAL,
-        ..QueueConfig::new(policy, set.flow(DEPENDENCY), psp)
+    let processes = a.processes.unwrap_or(if fleet { FLEET.0 } else { 1 });
+    let clock_skew = a.clock_skew.unwrap_or_default();
+    let cfg = if fleet {
+        let set = PolicySet::builtin();
+        let policy = set.get(PolicySet::DEFAULT_POLICY)?.clone();
+        let psp = PspModel {
+            rate_limit: Some(50.0),
+            retry_after: Some(std::time::Duration::from_secs(1)),
+            error_rate: 0.1,
+            outage: Some(PspOutage {
+                start: std::time::Duration::from_secs(4),
+                length: std::time::Duration::from_secs(5),
+            }),
+            ..PspModel::default()
+        };
+        QueueConfig {
+            jobs: FLEET.2,
+            workers,
+            processes,
+            clock_skew,
+            ..QueueConfig::new(policy, set.flow(DEPENDENCY), psp)
+        }
+    } else {
+        let (set, policy) = policies()?;
+        let psp = psp_model(&scenario(&demo))?;
+        QueueConfig {
+            jobs: u32::try_from(demo.charges)?,
+            workers,
+            processes,
+            clock_skew,
+            call_timeout: CALL_TIMEOUT,
+            poll: POLL_INTERVAL,
+            ..QueueConfig::new(policy, set.flow(DEPENDENCY), psp)
+        }
     };
     cfg.validate().map_err(|e| usage(e.to_string()))?;
     Ok(cfg)

@@ -7,6 +7,15 @@ use crate::{FailureClass, format_duration};
 
 use super::transition::CallResult;
 
+/// The first cool-down of an opened breaker by default: short, because a PSP's outages are
+/// mostly short, and it grows while the outage lasts.
+pub const DEFAULT_OPEN_COOLDOWN: Duration = Duration::from_secs(1);
+/// Each further opening without a close multiplies the cool-down by this by default.
+pub const DEFAULT_COOLDOWN_MULTIPLIER: f64 = 2.0;
+/// The cool-down never exceeds this by default (jitter included): a long outage costs one
+/// probe round a minute.
+pub const DEFAULT_COOLDOWN_MAX: Duration = Duration::from_secs(60);
+
 /// The sliding window over which the failure rate is measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Window {
@@ -182,7 +191,9 @@ impl Default for BreakerConfig {
 /// - window: the last 50 calls (`Window::Count { size: 50 }`)
 /// - failure rate: 0.5, minimum calls: 20
 /// - slow calls: not tracked (slow-call rate 1.0 when enabled)
-/// - open cool-down: 10 s, ×2 per further opening, at most 5 min, jitter `proportional(0.1)`
+/// - open cool-down: 1 s, ×2 per further opening while the outage lasts, at most 60 s, jitter
+///   `proportional(0.1)` (a 5 s outage costs about 1–2 s of recovery; a long one a probe round
+///   a minute)
 /// - half-open: 5 probes judged as a group (see [`crate::FlowConfig`]), a new round after
 ///   30 s without answers
 /// - failures: `infrastructure` and `timeout`; ignored: `rate_limited` and `exception`;
@@ -208,9 +219,9 @@ impl BreakerConfigBuilder {
                 minimum_calls: 20,
                 slow_call_duration: None,
                 slow_call_rate: 1.0,
-                open_cooldown: Duration::from_secs(10),
-                cooldown_multiplier: 2.0,
-                cooldown_max: Duration::from_secs(300),
+                open_cooldown: DEFAULT_OPEN_COOLDOWN,
+                cooldown_multiplier: DEFAULT_COOLDOWN_MULTIPLIER,
+                cooldown_max: DEFAULT_COOLDOWN_MAX,
                 cooldown_jitter: 0.1,
                 half_open_probes: 5,
                 half_open_timeout: Duration::from_secs(30),

@@ -43,7 +43,10 @@ mod state;
 mod transition;
 mod window;
 
-pub use config::{BreakerConfig, BreakerConfigBuilder, Window};
+pub use config::{
+    BreakerConfig, BreakerConfigBuilder, DEFAULT_COOLDOWN_MAX, DEFAULT_COOLDOWN_MULTIPLIER,
+    DEFAULT_OPEN_COOLDOWN, Window,
+};
 pub use machine::CircuitBreaker;
 pub use state::{BreakerMode, BreakerState};
 pub use transition::{Admission, CallResult, Transition, TransitionReason};

@@ -362,3 +362,20 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn default_cool_downs_start_at_one_second_double_and_stop_at_a_minute() {
+    let c = BreakerConfig::default();
+    assert_eq!(c.open_cooldown(), Duration::from_secs(1));
+    assert_eq!(c.cooldown_multiplier(), 2.0);
+    assert_eq!(c.cooldown_max(), Duration::from_secs(60));
+    let nominal: Vec<u64> = (1..=8).map(|n| c.cooldown(n).as_secs()).collect();
+    assert_eq!(nominal, [1, 2, 4, 8, 16, 32, 60, 60]);
+    // Jittered, and never beyond the cap.
+    assert!(c.cooldown_jitter() > 0.0);
+    let mut b = CircuitBreaker::new(c, 3);
+    let t = trip(&mut b, t0());
+    let until = t.open_until.unwrap();
+    let ms = (until - t0()).num_milliseconds();
+    assert!((1000..=1100).contains(&ms), "first cool-down {ms} ms");
+}

@@ -295,8 +295,10 @@ impl FlowClient {
         now: Timestamp,
     ) -> Option<FlowEvent> {
         self.observe(row, now);
-        if class == FailureClass::RateLimited {
+        if class != FailureClass::Exception {
             self.served.sent(now);
+        }
+        if class == FailureClass::RateLimited {
             // The slots were drawn at a rate the dependency just refused.
             self.slots.clear();
             // Its share once per congestion epoch, however many of its calls got a 429.
@@ -309,6 +311,11 @@ impl FlowClient {
             return Some(FlowEvent::RateLimited {
                 pause_until,
                 served_per_s: fresh.then(|| self.served.per_second(now)),
+                delivered: if fresh {
+                    self.served.delivered_share(now)
+                } else {
+                    None
+                },
                 probe,
             });
         }

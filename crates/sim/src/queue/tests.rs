@@ -260,3 +260,71 @@ fn bad_parameters_are_named() {
             .contains("runs")
     );
 }
+
+#[test]
+fn several_processes_drain_one_queue_each_with_its_slots() {
+    // Three processes of 16 slots: three times the concurrency of one, every job once.
+    let one = bare(480, 16, open_flow(), healthy(ms(10)));
+    let three = QueueConfig {
+        processes: 3,
+        ..one.clone()
+    };
+    let r1 = run_queue(&one, 1).unwrap();
+    let r3 = run_queue(&three, 1).unwrap();
+    assert_eq!(
+        (r3.succeeded, r3.charges, r3.requests_total),
+        (480, 480, 480)
+    );
+    assert!((r1.seconds - 0.300).abs() < 1e-9, "{}", r1.seconds);
+    assert!((r3.seconds - 0.100).abs() < 1e-9, "{}", r3.seconds);
+}
+
+/// The fleet of the issue: 3 processes × 16 workers, 1,000 charges, a PSP at 50/s with
+/// `Retry-After: 1`, the default flow control. The learned rate after a 429 is cut relative
+/// to what the fleet got through: the PSP keeps getting close to its limit, the run stays
+/// near the minimum, and few requests get a 429.
+#[test]
+fn a_fleet_of_three_processes_learns_the_limit_as_one() {
+    let psp = PspModel {
+        rate_limit: Some(50.0),
+        retry_after: Some(Duration::from_secs(1)),
+        ..PspModel::default()
+    };
+    let cfg = QueueConfig {
+        jobs: 1000,
+        workers: 16,
+        processes: 3,
+        ..QueueConfig::new(policy(), FlowConfig::default(), psp)
+    };
+    for seed in 1..=3 {
+        let r = run_queue(&cfg, seed).unwrap();
+        assert_eq!(r.succeeded, 1000);
+        let load = r.psp_load.unwrap();
+        assert!(load.vs_minimum < 1.15, "seed {seed}: {load:?}");
+        assert!(load.share_429 < 0.03, "seed {seed}: {load:?}");
+    }
+}
+
+#[test]
+fn skewed_clocks_change_nothing_that_is_not_time() {
+    let psp = PspModel {
+        rate_limit: Some(50.0),
+        retry_after: Some(Duration::from_secs(1)),
+        ..PspModel::default()
+    };
+    let cfg = QueueConfig {
+        jobs: 300,
+        workers: 16,
+        processes: 3,
+        clock_skew: ms(300),
+        ..QueueConfig::new(policy(), FlowConfig::default(), psp)
+    };
+    let r = run_queue(&cfg, 1).unwrap();
+    assert_eq!((r.succeeded, r.charges), (300, 300));
+    let too_much = QueueConfig {
+        clock_skew: Duration::from_secs(7200),
+        ..cfg
+    };
+    let e = run_queue(&too_much, 1).unwrap_err().to_string();
+    assert!(e.contains("clock skew"), "{e}");
+}

@@ -292,7 +292,7 @@ impl Sql {
             events: Arc::from(EVENTS),
             insert_dep: s(format!(
                 "INSERT INTO redrive_dependencies ({DEP_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, \
-                 1, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
+                 1, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21) \
                  ON CONFLICT (name) DO NOTHING RETURNING version"
             )),
             update_dep: Arc::from(UPDATE_DEP),
@@ -376,8 +376,9 @@ const UPDATE_DEP: &str = "UPDATE redrive_dependencies SET state = $2, open_until
                  paused_until = $5, pause_reason = $6, updated_at = $7, version = version + 1, \
                  mode = $8, openings = $9, probe_successes = $10, probe_failures = $11, \
                  round_started = $12, rate_rps = $13, tat_us = $14, rate_cut_at = $15, \
-                 rate_cap = $16, rate_raised_at = $17 \
-                 WHERE name = $1 AND version = $18 RETURNING version";
+                 rate_cap = $16, rate_raised_at = $17, rate_lifted = $18, meter_started = $19, \
+                 meter_slots = $20, meter_rate = $21 \
+                 WHERE name = $1 AND version = $22 RETURNING version";
 
 const UNPAUSE: &str = "UPDATE redrive_dependencies SET paused_until = NULL, pause_reason = NULL, updated_at = $2, \
                  version = version + 1 WHERE name = $1";
