@@ -10,8 +10,11 @@ use super::transition::CallResult;
 /// The first cool-down of an opened breaker by default: short, because a PSP's outages are
 /// mostly short, and it grows while the outage lasts.
 pub const DEFAULT_OPEN_COOLDOWN: Duration = Duration::from_secs(1);
-/// Each further opening without a close multiplies the cool-down by this by default.
-pub const DEFAULT_COOLDOWN_MULTIPLIER: f64 = 2.0;
+/// Each further opening without a close multiplies the cool-down by this by default: slow
+/// growth, so that the probe after a short outage comes soon after its end (the wait after the
+/// end is at most one cool-down, ~2 s into a 5 s outage), while an outage of minutes still
+/// reaches [`DEFAULT_COOLDOWN_MAX`] within about five minutes.
+pub const DEFAULT_COOLDOWN_MULTIPLIER: f64 = 1.3;
 /// The cool-down never exceeds this by default (jitter included): a long outage costs one
 /// probe round a minute.
 pub const DEFAULT_COOLDOWN_MAX: Duration = Duration::from_secs(60);
@@ -191,7 +194,7 @@ impl Default for BreakerConfig {
 /// - window: the last 50 calls (`Window::Count { size: 50 }`)
 /// - failure rate: 0.5, minimum calls: 20
 /// - slow calls: not tracked (slow-call rate 1.0 when enabled)
-/// - open cool-down: 1 s, ×2 per further opening while the outage lasts, at most 60 s, jitter
+/// - open cool-down: 1 s, ×1.3 per further opening while the outage lasts, at most 60 s, jitter
 ///   `proportional(0.1)` (a 5 s outage costs about 1–2 s of recovery; a long one a probe round
 ///   a minute)
 /// - half-open: 5 probes judged as a group (see [`crate::FlowConfig`]), a new round after

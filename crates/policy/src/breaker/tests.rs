@@ -364,13 +364,28 @@ proptest! {
 }
 
 #[test]
-fn default_cool_downs_start_at_one_second_double_and_stop_at_a_minute() {
+fn default_cool_downs_start_at_one_second_grow_by_a_third_and_stop_at_a_minute() {
     let c = BreakerConfig::default();
     assert_eq!(c.open_cooldown(), Duration::from_secs(1));
-    assert_eq!(c.cooldown_multiplier(), 2.0);
+    assert_eq!(c.cooldown_multiplier(), 1.3);
     assert_eq!(c.cooldown_max(), Duration::from_secs(60));
-    let nominal: Vec<u64> = (1..=8).map(|n| c.cooldown(n).as_secs()).collect();
-    assert_eq!(nominal, [1, 2, 4, 8, 16, 32, 60, 60]);
+    let nominal: Vec<u64> = (1..=18)
+        .map(|n| (c.cooldown(n).as_secs_f64() * 1000.0).round() as u64)
+        .collect();
+    assert_eq!(
+        nominal,
+        [
+            1000, 1300, 1690, 2197, 2856, 3713, 4827, 6275, 8157, 10604, 13786, 17922, 23298,
+            30288, 39374, 51186, 60000, 60000
+        ]
+    );
+    // A 5 s outage is over within the first four cool-downs (1 + 1.3 + 1.69 + 2.2 = 6.2 s),
+    // the longest of which is 2.2 s; the cap is reached after about 4 minutes.
+    let to_cap: u64 = nominal[..16].iter().sum();
+    assert!(
+        (200_000..300_000).contains(&to_cap),
+        "{to_cap} ms to the cap"
+    );
     // Jittered, and never beyond the cap.
     assert!(c.cooldown_jitter() > 0.0);
     let mut b = CircuitBreaker::new(c, 3);
