@@ -132,12 +132,17 @@ impl FileIdentity {
             let name = path.display();
             match std::fs::metadata(path) {
                 // SQLite maps the index into memory and grows it by writing: one it cannot
-                // write (`chattr +i`, a read-only mount) ends the process with SIGBUS, which
-                // leaves no log line, so the check says it first.
+                // write (a read-only mode) ends the process with SIGBUS, which leaves no log
+                // line, so the check says it first. Only the mode is read: opening the file to
+                // try a write, then closing it, would drop every POSIX lock this process holds
+                // on it (SQLite's among them), and the next process to open the database would
+                // truncate the index under this one's mapping: SIGBUS. For the same reason an
+                // immutable attribute (`chattr +i`), which only an open or an ioctl shows, is
+                // not checked.
                 Ok(m) if file_id(&m) == *id => {
-                    if let Err(e) = std::fs::OpenOptions::new().write(true).open(path) {
+                    if m.permissions().readonly() {
                         return Err(changed(format!(
-                            "{name} cannot be written ({e}); SQLite would crash on it"
+                            "{name} cannot be written (read-only); SQLite would crash on it"
                         )));
                     }
                 }
