@@ -578,6 +578,9 @@ pub(crate) async fn breaker_views(
 /// live worker runs (`unhandled`).
 #[utoipa::path(
     get, path = "/v1/stats", tag = "fleet",
+    params(
+        ("limit" = Option<u32>, Query, description = "At most this many queues, breakers and unhandled rows each (1..=1000, default 100); `more` counts the rest"),
+    ),
     responses(
         (status = 200, description = "Counts, breakers and unhandled kinds", body = StatsResponse),
         (status = 401, description = "Missing or wrong bearer token", body = ProblemBody, content_type = "application/problem+json"),
