@@ -583,6 +583,7 @@ pub(crate) async fn breaker_views(
     ),
     responses(
         (status = 200, description = "Counts, breakers and unhandled kinds", body = StatsResponse),
+        (status = 400, description = "A bad or unknown query parameter (named in `field`)", body = ProblemBody, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong bearer token", body = ProblemBody, content_type = "application/problem+json"),
         (status = 503, description = "Store unavailable", body = ProblemBody, content_type = "application/problem+json"),
     )
