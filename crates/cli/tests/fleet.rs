@@ -15,10 +15,13 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use redrive_policy::BreakerState;
-use redrive_store::{JobState, NewJob, PgStore, Store};
-use redrive_testkit::PgSchema;
+use redrive_store::{NewJob, PgStore, Store};
 use redrive_testkit::cli::{Running, block, terminate};
 use serde_json::json;
+
+#[path = "support/pg_fleet.rs"]
+mod pg_fleet;
+use pg_fleet::{all_succeeded, schema};
 
 const POLICIES: &str = r#"
 [breaker.default]
@@ -29,19 +32,6 @@ open_cooldown = "2s"
 cooldown_jitter = 0.0
 half_open_probes = 2
 "#;
-
-/// A fresh schema and a store on it; `None` (skip) only when PostgreSQL is unreachable
-/// (refused or timed out) and CI is not set; any other connection error fails.
-fn schema() -> Option<(PgSchema, PgStore)> {
-    let schema = block(PgSchema::fresh("rdfleet"))?;
-    let pg = block(PgStore::connect(
-        schema.server_url(),
-        Some(schema.name()),
-        4,
-    ))
-    .expect("postgres store");
-    Some((schema, pg))
-}
 
 /// The fake dependency: 503 while `down`, one 429 with `Retry-After: 2` if `rate_limit_once`,
 /// else 200; every request's arrival time and status is kept.
@@ -121,26 +111,6 @@ fn worker(db: &str, policies: &std::path::Path) -> Running {
         .unwrap()
 }
 
-fn all_succeeded(pg: &PgStore, n: u64, limit: Duration) {
-    let store = Store::Postgres(pg.clone());
-    let t = Instant::now();
-    loop {
-        // The workers' pools may hold every connection the server allows for a moment: a
-        // refused read is asked again (the limit still bounds the wait).
-        let done: u64 = block(store.counts())
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|c| c.state == JobState::Succeeded)
-            .map(|c| c.count)
-            .sum();
-        if done == n {
-            return;
-        }
-        assert!(t.elapsed() < limit, "only {done} of {n} jobs succeeded");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// Held by each test that runs three worker processes, so that two of them never share the
 /// server's connections (each process's pool holds up to 16, and the server allows 100).
 fn three_at_a_time() -> std::sync::MutexGuard<'static, ()> {
@@ -156,7 +126,9 @@ fn stop(children: Vec<Running>) {
 
 #[test]
 fn two_processes_share_one_breaker_and_the_probe_limit() {
-    let Some((fresh, pg)) = schema() else { return };
+    let Some((fresh, pg)) = schema("rdfleet", 4) else {
+        return;
+    };
     let db = fresh.url();
     let dir = tempfile::tempdir().unwrap();
     let policies = dir.path().join("p.toml");
@@ -212,7 +184,9 @@ fn two_processes_share_one_breaker_and_the_probe_limit() {
 
 #[test]
 fn a_retry_after_answered_to_one_process_delays_the_other() {
-    let Some((fresh, pg)) = schema() else { return };
+    let Some((fresh, pg)) = schema("rdfleet", 4) else {
+        return;
+    };
     let db = fresh.url();
     let dir = tempfile::tempdir().unwrap();
     let policies = dir.path().join("p.toml");
@@ -431,7 +405,7 @@ struct Fleet {
 
 fn fleet_run_with(n: usize, seed: u64, fleet: &Fleet) -> Option<FleetRun> {
     use redrive_psp_sim::{Faults, Outage, PspSim};
-    let (fresh, pg) = schema()?;
+    let (fresh, pg) = schema("rdfleet", 4)?;
     let db = fresh.url();
     let dir = tempfile::tempdir().unwrap();
     let policies = dir.path().join("p.toml");

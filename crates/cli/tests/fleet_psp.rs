@@ -22,10 +22,13 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use redrive_http::validate::JobRequest;
 use redrive_psp_sim::{Faults, Outage, PspSim, RequestRecord};
-use redrive_store::{JobState, PgStore, Store};
-use redrive_testkit::PgSchema;
+use redrive_store::Store;
 use redrive_testkit::cli::{Running, block, terminate};
 use serde_json::json;
+
+#[path = "support/pg_fleet.rs"]
+mod pg_fleet;
+use pg_fleet::{all_succeeded, schema};
 
 /// One scenario: the fleet and the PSP.
 #[derive(Debug, Clone, Copy)]
@@ -73,40 +76,10 @@ struct Load {
     first_100ms: f64,
 }
 
-fn schema() -> Option<(PgSchema, PgStore)> {
-    let schema = block(PgSchema::fresh("rdfleetpsp"))?;
-    let pg = block(PgStore::connect(
-        schema.server_url(),
-        Some(schema.name()),
-        2,
-    ))
-    .expect("postgres store");
-    Some((schema, pg))
-}
-
-fn all_succeeded(store: &Store, n: u64, limit: Duration) {
-    let t = Instant::now();
-    loop {
-        // Eight processes' pools can take every connection PostgreSQL allows for a moment:
-        // a refused read is asked again.
-        let done: u64 = block(store.counts())
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|c| c.state == JobState::Succeeded)
-            .map(|c| c.count)
-            .sum();
-        if done == n {
-            return;
-        }
-        assert!(t.elapsed() < limit, "only {done} of {n} jobs succeeded");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// Runs `s` once with the simulator seeded by `seed`; `None` when PostgreSQL is unreachable
 /// (and CI is not set).
 fn run(s: Scenario, seed: u64) -> Option<(Load, Vec<RequestRecord>)> {
-    let (fresh, pg) = schema()?;
+    let (fresh, pg) = schema("rdfleetpsp", 2)?;
     let db = fresh.url();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let sim = rt
@@ -163,7 +136,7 @@ fn run(s: Scenario, seed: u64) -> Option<(Load, Vec<RequestRecord>)> {
                 .unwrap()
         })
         .collect();
-    all_succeeded(&store, s.charges as u64, Duration::from_secs(240));
+    all_succeeded(&pg, s.charges as u64, Duration::from_secs(240));
     let seconds = t.elapsed().as_secs_f64();
     terminate(workers, Duration::from_secs(30));
     let stats = sim.stats();

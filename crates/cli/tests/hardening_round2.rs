@@ -5,8 +5,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use redrive_testkit::cli::{Running, http_request, ok_text, text};
-use serde_json::Value;
+use redrive_testkit::cli::{Running, err_text, http_request, ok_json as ok, ok_text, text};
 
 fn sqlite() -> (tempfile::TempDir, String) {
     let dir = tempfile::tempdir().unwrap();
@@ -18,20 +17,9 @@ fn redrive(db: &str, args: &[&str]) -> Output {
     redrive_testkit::cli!().run_db(db, args)
 }
 
-fn ok(o: &Output) -> Value {
-    assert!(
-        o.status.success(),
-        "exit {:?}: {}",
-        o.status.code(),
-        text(o)
-    );
-    serde_json::from_slice(&o.stdout).unwrap_or(Value::Null)
-}
-
 /// Exit `code`, stderr containing every needle.
 fn err(o: &Output, code: i32, needles: &[&str]) -> String {
-    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert_eq!(o.status.code(), Some(code), "{}", text(o));
+    let stderr = err_text(o, code);
     for n in needles {
         assert!(stderr.contains(n), "{n:?} not in {stderr:?}");
     }
