@@ -652,6 +652,9 @@ pub(crate) struct SimulateArgs {
     /// Capacity model: whole seconds sent as Retry-After beyond capacity, or `none` (default 1).
     #[arg(long = "retry-after")]
     pub(crate) retry_after: Option<String>,
+    /// `--scenario fleet`: the share of the PSP's answers that are 5xx, 0 to 1 (default 0.1).
+    #[arg(long = "error-rate")]
+    pub(crate) error_rate: Option<f64>,
     /// Capacity model: outage window START+LENGTH (e.g. `0s+5s`): every request in it gets 503.
     #[arg(long)]
     pub(crate) outage: Option<String>,
@@ -670,7 +673,8 @@ pub(crate) struct SimulateArgs {
     /// Capacity model: predict a whole run of a named scenario instead of the herd: `demo`
     /// (what `redrive demo` does by default: its queue, workers, policies and PSP) or `fleet`
     /// (3 `redrive work --concurrency 16` processes with the default policies, 1,000 charges,
-    /// a PSP at 50/s with `Retry-After: 1`, 10% 5xx and an outage 4s+5s).
+    /// a PSP at 50/s with `Retry-After: 1`, 10% 5xx and an outage 4s+5s; `--capacity`,
+    /// `--retry-after` and `--error-rate` change its PSP).
     #[arg(long)]
     pub(crate) scenario: Option<String>,
 }

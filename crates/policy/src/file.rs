@@ -58,7 +58,9 @@
 //! `rate_decrease` (share kept after a 429, default 0.9), `rate_increase` (CUBIC's `C` of the
 //! climb after a cut, requests/s per second³ of use, default 0.4), `rate_slow_start` (the first
 //! rate on first contact without `rate_limit`, default `"20/s"`; `"off"`: unthrottled until
-//! the first 429); `max_inflight`; `retry_budget_ratio` and `retry_budget_min_per_sec`.
+//! the first 429), `rate_psp_burst` (how long the PSP's own limiter lets a fleet run above its
+//! rate after a pause: its bucket as time at its rate, default `"1s"`; `"0s"`: learn from the
+//! last second alone); `max_inflight`; `retry_budget_ratio` and `retry_budget_min_per_sec`.
 //!
 //! Every invalid field is refused with its dotted path, its value and the
 //! allowed range (`invalid policy.checkout.retry.base = 0s: must be above 0s
@@ -304,6 +306,7 @@ struct RawBreaker {
     rate_decrease: Option<f64>,
     rate_increase: Option<f64>,
     rate_slow_start: Option<toml::Value>,
+    rate_psp_burst: Option<String>,
     max_inflight: Option<i64>,
     retry_budget_ratio: Option<f64>,
     retry_budget_min_per_sec: Option<i64>,
@@ -599,6 +602,9 @@ impl RawBreaker {
             None => {}
             Some(toml::Value::String(s)) if s.trim() == "off" => r = r.with_slow_start(None),
             Some(v) => r = r.with_slow_start(Some(rate("rate_slow_start", v)?)),
+        }
+        if let Some(b) = &self.rate_psp_burst {
+            r = r.with_psp_burst(dur("rate_psp_burst", b)?);
         }
         let mut flow = FlowConfig::default().with_rate(r)?;
         let max_inflight = self
@@ -946,6 +952,25 @@ retry_budget_ratio = 0.5
         assert_eq!(slow("\"off\""), None);
         assert_eq!(slow("\"40/s\""), Some(40.0));
         assert_eq!(FlowConfig::default().rate().slow_start(), Some(20.0));
+        assert_eq!(
+            FlowConfig::default().rate().psp_burst(),
+            Duration::from_secs(1)
+        );
+        let burst = PolicySet::from_toml("[breaker.p]\nrate_psp_burst = \"100ms\"")
+            .unwrap()
+            .flow("p")
+            .rate()
+            .psp_burst();
+        assert_eq!(burst, Duration::from_millis(100));
+        for (text, want) in [
+            ("rate_psp_burst = \"soon\"", "rate_psp_burst = \"soon\""),
+            ("rate_psp_burst = \"2m\"", "from 0s to 60s"),
+        ] {
+            let err = PolicySet::from_toml(&format!("[breaker.p]\n{text}"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(want), "{text}: {err}");
+        }
         for (toml, want) in [
             (
                 "[breaker.p]\nrate_limit = \"fast\"",

@@ -89,10 +89,21 @@ pub const DEFAULT_SLOW_START: f64 = 20.0;
 /// Slow start doubles the rate every this much time of use.
 pub const SLOW_START_DOUBLING: Duration = Duration::from_millis(250);
 /// Above the rate that drew the last 429 (`W_max`), the climb adds at most this share of it
-/// per second of use (CUBIC's convex probe, bounded).
+/// per second of use (CUBIC's convex probe, bounded), whatever the pause a 429 costs
+/// ([`probe_slope`] is smaller when it is long).
 pub const PROBE_SLOPE: f64 = 0.1;
 /// The fleet's reservations are metered in windows of this length (the row's meter).
 pub const METER_WINDOW: Duration = Duration::from_secs(1);
+/// What a PSP's rate limiter lets through at once after a pause by default, as time at its
+/// rate ([`RateConfig::with_psp_burst`]): a token bucket holding one second of the rate, or a
+/// per-second window. After that long without requests the bucket is taken to be full; a
+/// smaller one makes the learned limit low (found again by the probe), a larger one high by
+/// at most the difference over the cycle.
+pub const BUCKET_REFILL: Duration = Duration::from_secs(1);
+/// Above `W_max`, the probe is paced so that it drains a one-second bucket at the limit in
+/// about this long per second of pause a 429 costs ([`probe_slope`]): with `Retry-After: 1`,
+/// ~8 s from the plateau to the next 429; with `Retry-After: 3`, ~24 s.
+pub const PROBE_PERIOD: Duration = Duration::from_secs(8);
 /// The learned rate never goes below this (requests per second).
 pub const DEFAULT_RATE_FLOOR: f64 = 1.0;
 /// A learned rate that grows to this lifts the limit (requests per second).
@@ -122,6 +133,7 @@ pub struct RateConfig {
     increase: f64,
     batch: Duration,
     slow_start: Option<f64>,
+    psp_burst: Duration,
 }
 
 impl Default for RateConfig {
@@ -143,6 +155,7 @@ impl RateConfig {
             increase: DEFAULT_RATE_INCREASE,
             batch: DEFAULT_RATE_BATCH,
             slow_start: Some(DEFAULT_SLOW_START),
+            psp_burst: BUCKET_REFILL,
         }
     }
 
@@ -199,6 +212,14 @@ impl RateConfig {
         self.slow_start = rps;
         self
     }
+    /// How long the dependency's own rate limiter lets the fleet run above its rate after a
+    /// pause, as time at that rate: its token bucket, or its counting window (0..=60 s;
+    /// default [`BUCKET_REFILL`], one second). A 429 learns the limit over the send cycle
+    /// with this much counted as time; 0: from the last second's meter alone.
+    pub const fn with_psp_burst(mut self, d: Duration) -> Self {
+        self.psp_burst = d;
+        self
+    }
     /// How much of the rate one reservation takes (10 ms..=1 s).
     pub const fn with_batch(mut self, d: Duration) -> Self {
         self.batch = d;
@@ -240,6 +261,10 @@ impl RateConfig {
     /// The reservation batch.
     pub const fn batch(&self) -> Duration {
         self.batch
+    }
+    /// The dependency's burst, as time at its rate ([`RateConfig::with_psp_burst`]).
+    pub const fn psp_burst(&self) -> Duration {
+        self.psp_burst
     }
 
     /// Checks every field against its range.
@@ -302,6 +327,13 @@ impl RateConfig {
                 "rate_burst",
                 self.burst.to_string(),
                 "from 0 to 10000",
+            ));
+        }
+        if self.psp_burst > Duration::from_secs(60) {
+            return Err(PolicyError::invalid(
+                "rate_psp_burst",
+                crate::format_duration(self.psp_burst),
+                "from 0s to 60s",
             ));
         }
         if self.batch < Duration::from_millis(10) || self.batch > Duration::from_secs(1) {
@@ -461,6 +493,25 @@ pub struct FlowRow {
     /// The fleet's reservations per second over the previous meter window (`None`: none, or
     /// it ended with a gap of more than two windows).
     pub meter_rate: Option<f64>,
+    /// The start of the send cycle: the last cut (the PSP's bucket was empty then), or one
+    /// [`BUCKET_REFILL`] before the first reservation after a second without any (the bucket
+    /// was full then). The slots since, over the time since, are what a 429 at the cycle's end
+    /// says the PSP lets through ([`FlowConfig::cycle_rate`]).
+    pub cycle_started: Option<Timestamp>,
+    /// Slots the whole fleet reserved since [`FlowRow::cycle_started`].
+    pub cycle_slots: u32,
+    /// How long the last 429 paused the fleet (its `Retry-After`; `None`: none asked). A 429
+    /// costs the fleet that long, so the probe above the learned limit is slower the longer
+    /// it is ([`probe_slope`]).
+    #[serde(rename = "rate_pause_ms", serialize_with = "ser_opt_ms")]
+    pub rate_pause: Option<Duration>,
+}
+
+fn ser_opt_ms<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => s.serialize_some(&(d.as_millis() as u64)),
+        None => s.serialize_none(),
+    }
 }
 
 /// The `until` of an operator's pause that lasts until it is lifted ([`FlowEvent::Resume`]):
@@ -713,6 +764,64 @@ pub fn cubic(rate: f64, w_max: f64, beta: f64, c: f64, dt: f64) -> f64 {
     next.max(rate)
 }
 
+/// The probe's slope above `W_max` (a share of it per second of use) when a 429 pauses the
+/// fleet for `pause`: the slope at which the rate, rising from `W_max` at the limit, drains a
+/// [`BUCKET_REFILL`] bucket in [`PROBE_PERIOD`] per second of pause (`τ = √(2/s)`), at most
+/// [`PROBE_SLOPE`]. A 429 that costs 3 s of the whole fleet's time is worth three times
+/// rarer probes, and a limit that is learned low is found again more slowly.
+///
+/// ```
+/// use std::time::Duration;
+/// use redrive_policy::probe_slope;
+/// assert!((probe_slope(Some(Duration::from_secs(1))) - 2.0 / 64.0).abs() < 1e-9);
+/// assert!(probe_slope(Some(Duration::from_secs(3))) < probe_slope(None));
+/// ```
+pub fn probe_slope(pause: Option<Duration>) -> f64 {
+    let cost = pause.map_or(1.0, |p| p.as_secs_f64().max(1.0));
+    let tau = PROBE_PERIOD.as_secs_f64() * cost;
+    let bucket = BUCKET_REFILL.as_secs_f64();
+    (2.0 * bucket / (tau * tau)).min(PROBE_SLOPE)
+}
+
+/// The limit `L` a slow start's first 429 reveals: the fleet ramped from `s0`/s, doubling
+/// every [`SLOW_START_DOUBLING`], and had sent `sent` slots when the PSP's bucket ran dry,
+/// `span` seconds after the cycle's start (one [`BUCKET_REFILL`] before the ramp began). While
+/// the ramp was below `L` the bucket stayed full and the PSP's refill went unused, so what got
+/// through is the bucket, plus `L` per second after the ramp crossed `L` at `t₁ = d·log₂(L/s0)`,
+/// plus the ramp's own sends before that (`d·(L − s0)/ln 2`):
+/// `sent = L·(span − t₁ + d/ln 2) − d·s0/ln 2`, solved for `L` (increasing in `L` while the ramp
+/// crossed it before the 429). Counting the whole ramp as time at the limit would learn it low.
+fn slow_start_limit(sent: f64, span: f64, s0: f64) -> f64 {
+    let d = SLOW_START_DOUBLING.as_secs_f64();
+    let k = d / std::f64::consts::LN_2;
+    let s0 = s0.max(f64::MIN_POSITIVE);
+    let got = |l: f64| {
+        let t1 = (d * (l / s0).log2()).max(0.0);
+        l * (span - t1 + k) - k * s0
+    };
+    // Bisection between the plain cycle rate (every second of the span at L: a lower bound)
+    // and the rate that crossed at the 429 itself.
+    let (mut lo, mut hi) = (sent / span, sent / span);
+    while got(hi) < sent && hi < 1e9 {
+        hi *= 2.0;
+    }
+    for _ in 0..60 {
+        let mid = 0.5 * (lo + hi);
+        if got(mid) < sent {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let l = 0.5 * (lo + hi);
+    // Past the point where the ramp crosses L at the 429 the relation turns: keep the bound.
+    if d * (l / s0).log2() >= span {
+        sent / span
+    } else {
+        l
+    }
+}
+
 /// Counts `n` slots reserved at `now` in the row's meter; `from` is where they start on the
 /// limiter's timeline (the `tat` before the reservation, or now when the fleet was idle), so
 /// a window's slots run from its start to the current `tat`. The window rolls every
@@ -740,6 +849,22 @@ fn meter(row: &mut FlowRow, n: u32, from: Timestamp, now: Timestamp) {
             row.meter_slots = n;
             row.meter_rate = None;
         }
+    }
+}
+
+/// Counts `n` slots reserved at `now` in the row's send cycle (before the reservation moves
+/// `tat`). A cycle starts anew when the fleet reserved nothing for `refill` (the PSP's burst,
+/// [`RateConfig::psp_burst`]: its bucket is full again, so the cycle is taken to start that
+/// long before now, as if the bucket's content had been sent at the rate then), or when none
+/// was started.
+fn cycle(row: &mut FlowRow, n: u32, refill: Duration, now: Timestamp) {
+    let refill_us = refill.as_micros() as i64;
+    let full = row.tat.is_none_or(|t| us(now) - us(t) >= refill_us);
+    if full || row.cycle_started.is_none() {
+        row.cycle_started = Some(ms_floor(ts_us(us(now) - refill_us)));
+        row.cycle_slots = n;
+    } else {
+        row.cycle_slots = row.cycle_slots.saturating_add(n);
     }
 }
 
@@ -914,6 +1039,8 @@ impl FlowConfig {
                     row.meter_started = None;
                     row.meter_slots = 0;
                     row.meter_rate = None;
+                    row.cycle_started = None;
+                    row.cycle_slots = 0;
                     return Grant::Go;
                 }
             }
@@ -925,7 +1052,13 @@ impl FlowConfig {
         let now_us = us(now);
         let a0 = row.tat.map_or(now_us, us).max(now_us);
         let first = (a0 - tol_us).max(now_us);
-        let ahead_us = i64::try_from(max_ahead.as_micros()).unwrap_or(i64::MAX);
+        let mut ahead_us = i64::try_from(max_ahead.as_micros()).unwrap_or(i64::MAX);
+        let slow_start = self.in_slow_start(row);
+        if slow_start {
+            // Slow start doubles with the slots handed out: reserved far ahead, they would
+            // double it faster than time passes (and hide from the cycle what was sent).
+            ahead_us = ahead_us.min(cfg.batch.as_micros() as i64);
+        }
         if first - now_us > ahead_us {
             return Grant::Blocked {
                 until: ts_us(first),
@@ -936,13 +1069,10 @@ impl FlowConfig {
         // Slot i is at a0 - tol + i·interval: keep the last within max_ahead.
         let fit = (now_us.saturating_add(ahead_us) - (a0 - tol_us)) / interval_us + 1;
         let n = want.min(fit).clamp(1, i64::from(MAX_SLOTS_PER_RESERVATION));
+        cycle(row, n as u32, cfg.psp_burst, now);
         row.tat = Some(ts_us(a0 + n * interval_us));
         meter(row, n as u32, ts_us(a0), now);
-        if cfg.adaptive
-            && cfg.limit.is_none()
-            && row.rate_cap.is_none()
-            && row.rate_cut_at.is_none()
-        {
+        if slow_start {
             // Slow start: the rate doubles every SLOW_START_DOUBLING worth of the slots handed
             // out (as TCP's window per round trip of acknowledgements), so slots reserved
             // ahead at the old rate are used before it grows again: no burst when they are.
@@ -1102,11 +1232,13 @@ impl FlowConfig {
         } else {
             0.0
         };
+        // One cut per congestion epoch: the 429s of the same overload say nothing new. That
+        // includes the 429s of the slots the fleet reserved before the cut, at the old rate, up
+        // to a slot horizon ahead: they go out for that long after the cut.
         let in_epoch = row
             .rate_cut_at
-            .is_some_and(|c| now < add(c, CONGESTION_EPOCH));
+            .is_some_and(|c| now < add(add(c, CONGESTION_EPOCH), SLOT_HORIZON));
         if in_epoch {
-            // One cut per congestion epoch: the 429s of the same overload say nothing new.
             return;
         }
         let in_force = self
@@ -1119,26 +1251,82 @@ impl FlowConfig {
         // What the fleet got through: its metered send rate × the delivered share; never less
         // than what the reporter alone got through. Without a meter (no limit was in force),
         // the reporter's own measure is all there is.
-        let mut through = match self.fleet_send_rate(row, now) {
+        let metered = match self.fleet_send_rate(row, now) {
             Some(sent) => (sent.min(in_force) * share).max(served),
             None => served,
         }
         .min(in_force);
-        let in_slow_start = cfg.limit.is_none()
-            && cfg.slow_start.is_some()
-            && row.rate.is_some()
-            && row.rate_cap.is_none()
-            && row.rate_cut_at.is_none();
-        if in_slow_start {
+        let in_slow_start = self.in_slow_start(row);
+        // The cycle since the PSP's bucket was last full or empty: what got through over it,
+        // its bucket's content counted as time ([`BUCKET_REFILL`]). The last second's meter
+        // alone is taught by the bucket: after a pause the fleet runs above the limit for as
+        // long as the bucket lasts, and the 429 comes at the rate that drained it. The cycle
+        // ends at its first 429, so what was sent in it got through (no share applies).
+        let through = match self.cycle_sent(row, now) {
+            Some((sent, span)) if in_slow_start => {
+                slow_start_limit(sent, span, cfg.slow_start.unwrap_or(cfg.floor)).min(metered)
+            }
+            Some((sent, span)) => (sent / span).min(metered),
             // The first 429 of slow start: the limit lies within the last doubling, and a
             // PSP's bucket let the fleet run past it for a while (TCP halves its window here).
-            through *= 0.5;
-        }
+            None if in_slow_start => 0.5 * metered,
+            None => metered,
+        };
         let r = (cfg.decrease * through).clamp(cfg.floor, cfg.ceiling);
         row.rate = Some(r);
         row.rate_cap = Some(through.max(r));
         row.rate_cut_at = Some(now);
         row.rate_raised_at = Some(now);
+        row.rate_pause = pause_until
+            .filter(|u| *u > now)
+            .and_then(|u| (u - now).to_std().ok());
+        // The bucket is empty now: a new cycle.
+        row.cycle_started = Some(ms_floor(now));
+        row.cycle_slots = 0;
+    }
+
+    /// The fleet's send rate over the current cycle ([`FlowRow::cycle_started`]): its slots up
+    /// to now (those reserved ahead of now are not sent yet) over the time from its start to
+    /// now. `None` when the cycle is too short to say more than the meter (under the PSP's
+    /// burst plus half a second), nothing was sent in it, or the burst is set to 0.
+    pub fn cycle_rate(&self, row: &FlowRow, now: Timestamp) -> Option<f64> {
+        self.cycle_sent(row, now).map(|(sent, span)| sent / span)
+    }
+
+    /// The current cycle's slots sent by now, and its length in seconds (see
+    /// [`FlowConfig::cycle_rate`]).
+    fn cycle_sent(&self, row: &FlowRow, now: Timestamp) -> Option<(f64, f64)> {
+        let start = row.cycle_started?;
+        let span = (us(now) - us(start)).max(0) as f64 / 1e6;
+        // The slots reserved ahead of now were not sent yet: at the rate in force, or in slow
+        // start at the rates it doubled through (`r·2^(−t/d)` t before the last one).
+        let ahead = row
+            .tat
+            .map_or(0.0, |t| (us(t) - us(now)).max(0) as f64 / 1e6);
+        let future = self.rate_in_force(row).map_or(0.0, |r| {
+            if self.in_slow_start(row) {
+                let d = SLOW_START_DOUBLING.as_secs_f64();
+                r * d / std::f64::consts::LN_2 * (1.0 - (-ahead / d).exp2())
+            } else {
+                r * ahead
+            }
+        });
+        let sent = (f64::from(row.cycle_slots) - future).max(0.0);
+        let min_span = self.rate.psp_burst.as_secs_f64() + 0.5;
+        let on = !self.rate.psp_burst.is_zero();
+        (on && span >= min_span && sent > 0.0).then_some((sent, span))
+    }
+
+    /// Whether slow start is under way on `row`: adaptive, no configured limit, a rate that
+    /// grew from slow start's and no 429 yet.
+    fn in_slow_start(&self, row: &FlowRow) -> bool {
+        let cfg = &self.rate;
+        cfg.adaptive
+            && cfg.limit.is_none()
+            && cfg.slow_start.is_some()
+            && row.rate.is_some()
+            && row.rate_cap.is_none()
+            && row.rate_cut_at.is_none()
     }
 
     /// Whether a reservation on `row` starts slow start: adaptive, no configured limit, none
@@ -1167,7 +1355,7 @@ impl FlowConfig {
             // Above W_max the curve is convex: against a PSP whose bucket holds seconds of
             // its rate, the 429 comes seconds late and the rate would have run far beyond the
             // limit meanwhile. Probe at most PROBE_SLOPE × W_max more per second of use.
-            return next.min(rate.max(w_max) + PROBE_SLOPE * w_max * dt);
+            return next.min(rate.max(w_max) + probe_slope(row.rate_pause) * w_max * dt);
         }
         next
     }

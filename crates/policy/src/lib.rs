@@ -61,11 +61,11 @@ pub use error::PolicyError;
 pub use explain::{ExplainRow, Explanation, explain};
 pub use file::PolicySet;
 pub use flow::{
-    CONGESTION_EPOCH, Check, DEFAULT_RATE_BATCH, DEFAULT_RATE_BURST, DEFAULT_RATE_CEILING,
-    DEFAULT_RATE_DECREASE, DEFAULT_RATE_FLOOR, DEFAULT_RATE_INCREASE, DEFAULT_SLOW_START,
-    FlowClient, FlowConfig, FlowEvent, FlowRow, Grant, MAX_INFLIGHT, MAX_SLOTS_PER_RESERVATION,
-    METER_WINDOW, Next, PROBE_SLOPE, RateConfig, SLOT_HORIZON, SLOW_START_DOUBLING, ServedRate,
-    Slots, Step, cubic, until_resumed,
+    BUCKET_REFILL, CONGESTION_EPOCH, Check, DEFAULT_RATE_BATCH, DEFAULT_RATE_BURST,
+    DEFAULT_RATE_CEILING, DEFAULT_RATE_DECREASE, DEFAULT_RATE_FLOOR, DEFAULT_RATE_INCREASE,
+    DEFAULT_SLOW_START, FlowClient, FlowConfig, FlowEvent, FlowRow, Grant, MAX_INFLIGHT,
+    MAX_SLOTS_PER_RESERVATION, METER_WINDOW, Next, PROBE_PERIOD, PROBE_SLOPE, RateConfig,
+    SLOT_HORIZON, SLOW_START_DOUBLING, ServedRate, Slots, Step, cubic, probe_slope, until_resumed,
 };
 pub use jitter::{Jitter, MAX_PROPORTIONAL_FACTOR, ProportionalFactor};
 pub use outcome::{Outcome, StatusTable};

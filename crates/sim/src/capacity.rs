@@ -20,7 +20,7 @@
 //!   is forced closed.
 //! - `+limit`: a configured rate limit equal to the PSP's capacity
 //!   ([`RateConfig::fixed`]); `+adaptive`: none configured, learned from 429s
-//!   ([`RateConfig::adaptive`]). Without either, [`RateConfig::off`]. Workers wait in process
+//!   ([`RateConfig::adaptive`], told the PSP's burst: [`RateConfig::with_psp_burst`]). Without either, [`RateConfig::off`]. Workers wait in process
 //!   for their send slot (up to the policy's `in_process_max_wait`).
 //!
 //! [`Backoff::nominal`]: redrive_policy::Backoff::nominal
@@ -206,7 +206,12 @@ impl CapacityConfig {
     pub fn flow(&self, strategy: &Strategy) -> Result<FlowConfig, SimError> {
         let rate = match strategy.rate {
             RateMode::Off => RateConfig::off(),
-            RateMode::Adaptive => RateConfig::adaptive(),
+            // The limiter is told the PSP's burst (`rate_psp_burst`), as an operator who knows
+            // it would: the model's bucket is 100 ms of the capacity by default, a tenth of
+            // what the limiter assumes otherwise.
+            RateMode::Adaptive => RateConfig::adaptive().with_psp_burst(
+                std::time::Duration::from_secs_f64(f64::from(self.burst_size()) / self.capacity),
+            ),
             RateMode::Limit => RateConfig::fixed(self.capacity)
                 .map_err(|e| SimError::config("capacity", self.capacity, e.to_string()))?,
         };

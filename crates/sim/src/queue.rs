@@ -277,6 +277,13 @@ pub struct PspLoad {
     /// From the outage's end to the first request answered 2xx (`None`: no outage, or none
     /// answered 2xx after it).
     pub back_after_outage_s: Option<f64>,
+    /// The most requests in any one second (a sliding window of ten 100 ms slices) after the
+    /// first 5 s, over the limit: the fleet benchmark's `peak_1s`.
+    pub peak_1s: f64,
+    /// From the outage's end to the end of the first whole second (ten 100 ms slices) in
+    /// which the PSP admitted (answered other than 429) at least 80% of its limit: the fleet
+    /// benchmark's `back_80` (`None`: no outage, or never).
+    pub back_80_s: Option<f64>,
 }
 
 /// A change of the breaker's state during a run.
@@ -932,6 +939,22 @@ impl Sim<'_> {
                 (o.length.as_secs_f64(), back)
             }
         };
+        // Requests, and those the PSP admitted (not 429), per 100 ms slice.
+        let all: Vec<u32> = self.out.requests_per_bucket().collect();
+        let admitted: Vec<u32> = (0..self.out.ok.len())
+            .map(|i| self.out.ok[i] + self.out.failed[i])
+            .collect();
+        let second = |v: &[u32], i: usize| -> f64 {
+            f64::from(v[i..(i + 10).min(v.len())].iter().sum::<u32>())
+        };
+        let peak_1s = (50..all.len()).map(|i| second(&all, i)).fold(0.0, f64::max) / limit;
+        let back_80_s = psp.outage.and_then(|o| {
+            let end = (o.start + o.length).as_secs_f64();
+            let first = (end * 10.0) as usize;
+            (first..admitted.len())
+                .find(|&i| second(&admitted, i) >= 0.8 * limit)
+                .map(|i| (i + 10) as f64 / 10.0 - end)
+        });
         let useful = self
             .out
             .requests_total
@@ -944,6 +967,8 @@ impl Sim<'_> {
             minimum_seconds: minimum,
             vs_minimum: self.out.seconds / minimum.max(1e-9),
             back_after_outage_s: back,
+            peak_1s,
+            back_80_s,
         });
     }
 }
@@ -1159,6 +1184,11 @@ impl QueueSummary {
                 vs_minimum: avg(&|l| l.vs_minimum),
                 back_after_outage_s: (!backs.is_empty())
                     .then(|| backs.iter().sum::<f64>() / backs.len() as f64),
+                peak_1s: avg(&|l| l.peak_1s),
+                back_80_s: {
+                    let b80: Vec<f64> = loads.iter().filter_map(|l| l.back_80_s).collect();
+                    (!b80.is_empty()).then(|| b80.iter().sum::<f64>() / b80.len() as f64)
+                },
             }
         });
         Self {

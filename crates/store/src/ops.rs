@@ -670,9 +670,10 @@ where
         Ok(())
     }
 
-    /// Binds a dependency's row to `insert_dep` or `update_dep`: `$1` the name, `$2`–`$21`
-    /// the breaker's, pause's, rate's and meter's columns of `f` (`$7` the time written, `now`
-    /// in milliseconds). The update's expected version (`$22`) is the caller's to bind.
+    /// Binds a dependency's row to `insert_dep` or `update_dep`: `$1` the name, `$2`–`$24`
+    /// the breaker's, pause's, rate's, meter's and send cycle's columns of `f` (`$7` the time
+    /// written, `now` in milliseconds). The update's expected version (`$25`) is the caller's
+    /// to bind.
     fn bind_dep_row<'q>(
         q: QueryScalar<'q, Self::Db, i64, <Self::Db as Database>::Arguments>,
         dependency: &'q str,
@@ -701,6 +702,12 @@ where
             .bind(f.meter_started.map(millis))
             .bind(i64::from(f.meter_slots))
             .bind(f.meter_rate)
+            .bind(f.cycle_started.map(millis))
+            .bind(i64::from(f.cycle_slots))
+            .bind(
+                f.rate_pause
+                    .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+            )
     }
 
     // Operator controls (see [`crate::operator`]): each writes its audit row in the same

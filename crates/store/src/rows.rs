@@ -322,7 +322,7 @@ impl AttemptRow {
 pub(crate) const DEP_COLS: &str = "name, state, open_until, probe_permits, paused_until, \
     pause_reason, updated_at, version, mode, openings, probe_successes, probe_failures, \
     round_started, rate_rps, tat_us, rate_cut_at, rate_cap, rate_raised_at, rate_lifted, \
-    meter_started, meter_slots, meter_rate";
+    meter_started, meter_slots, meter_rate, cycle_started, cycle_slots, rate_pause_ms";
 
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct DepRow {
@@ -348,6 +348,9 @@ pub(crate) struct DepRow {
     meter_started: Option<i64>,
     meter_slots: i64,
     meter_rate: Option<f64>,
+    cycle_started: Option<i64>,
+    cycle_slots: i64,
+    rate_pause_ms: Option<i64>,
 }
 
 fn bad(field: &'static str, e: impl std::fmt::Display) -> StoreError {
@@ -385,6 +388,11 @@ impl DepRow {
             meter_started: self.meter_started.map(from_millis),
             meter_slots: u32_of("meter_slots", self.meter_slots.max(0))?,
             meter_rate: self.meter_rate,
+            cycle_started: self.cycle_started.map(from_millis),
+            cycle_slots: u32_of("cycle_slots", self.cycle_slots.max(0))?,
+            rate_pause: self
+                .rate_pause_ms
+                .map(|ms| std::time::Duration::from_millis(ms.max(0).unsigned_abs())),
         };
         Ok(Dependency {
             name: self.name,

@@ -1274,6 +1274,9 @@ mod cases {
             meter_started: Some(ms(T0 + 5)),
             meter_slots: 41,
             meter_rate: Some(61.5),
+            cycle_started: Some(ms(T0 - 1_000)),
+            cycle_slots: 377,
+            rate_pause: Some(std::time::Duration::from_secs(3)),
         };
         let write = |expect: Option<i64>, flow: FlowRow, t: bool| DependencyWrite {
             dependency: "psp".into(),

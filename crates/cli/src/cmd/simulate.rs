@@ -17,6 +17,9 @@ pub(crate) fn run(_global: &Global, args: SimulateArgs) -> anyhow::Result<ExitCo
     if let Some(name) = &args.scenario {
         return crate::cmd::simulate_demo::run(&args, name);
     }
+    if args.error_rate.is_some() {
+        return Err(usage("--error-rate applies to --scenario fleet only"));
+    }
     let cfg = resolve(&args)?;
     let bar = progress(&cfg);
     let report = redrive_sim::sweep(&cfg, &|n| bar.inc(n)).map_err(sim_error)?;

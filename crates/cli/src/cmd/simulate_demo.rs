@@ -99,14 +99,16 @@ pub(crate) fn run(a: &SimulateArgs, name: &str) -> anyhow::Result<ExitCode> {
     let m = QueueSummary::of(&results);
     if let Some(l) = m.psp_load {
         println!(
-            "psp_load (mean): limit_rps {} peak_ratio {:.2} share_429 {:.3} minimum_seconds {:.1} vs_minimum {:.2} back_after_outage_s {}",
+            "psp_load (mean): limit_rps {} peak_ratio {:.2} share_429 {:.3} minimum_seconds {:.1} vs_minimum {:.2} back_after_outage_s {} peak_1s {:.2} back_80_s {}",
             l.limit_rps,
             l.peak_ratio,
             l.share_429,
             l.minimum_seconds,
             l.vs_minimum,
             l.back_after_outage_s
-                .map_or("-".into(), |b| format!("{b:.2}"))
+                .map_or("-".into(), |b| format!("{b:.2}")),
+            l.peak_1s,
+            l.back_80_s.map_or("-".into(), |b| format!("{b:.2}"))
         );
     }
     for p in [&a.csv, &a.plot].into_iter().flatten() {
@@ -148,10 +150,11 @@ fn resolve(a: &SimulateArgs, name: &str) -> anyhow::Result<QueueConfig> {
         (!a.strategies.is_empty(), "--strategy"),
         (a.base.is_some(), "--base"),
         (a.cap.is_some(), "--cap"),
-        (a.capacity.is_some(), "--capacity"),
+        (a.capacity.is_some() && !fleet, "--capacity"),
         (a.burst.is_some(), "--burst"),
         (a.overload.is_some(), "--overload"),
-        (a.retry_after.is_some(), "--retry-after"),
+        (a.retry_after.is_some() && !fleet, "--retry-after"),
+        (a.error_rate.is_some() && !fleet, "--error-rate"),
         (a.outage.is_some(), "--outage"),
         (a.max_attempts.is_some(), "--max-attempts"),
     ];
@@ -183,10 +186,23 @@ fn resolve(a: &SimulateArgs, name: &str) -> anyhow::Result<QueueConfig> {
     let cfg = if fleet {
         let set = PolicySet::builtin();
         let policy = set.get(PolicySet::DEFAULT_POLICY)?.clone();
+        // The fleet's PSP may be changed (issue 35's second fleet: 40/s, `Retry-After: 3`,
+        // 5% 5xx); the rest of the scenario is fixed.
+        let retry_after = match a.retry_after.as_deref().map(str::trim) {
+            None => Some(std::time::Duration::from_secs(1)),
+            Some("none") => None,
+            Some(s) => Some(std::time::Duration::from_secs(s.parse::<u64>().map_err(
+                |_| {
+                    usage(format!(
+                        "invalid --retry-after {s:?}: whole seconds, or none"
+                    ))
+                },
+            )?)),
+        };
         let psp = PspModel {
-            rate_limit: Some(50.0),
-            retry_after: Some(std::time::Duration::from_secs(1)),
-            error_rate: 0.1,
+            rate_limit: Some(a.capacity.unwrap_or(50.0)),
+            retry_after,
+            error_rate: a.error_rate.unwrap_or(0.1),
             outage: Some(PspOutage {
                 start: std::time::Duration::from_secs(4),
                 length: std::time::Duration::from_secs(5),

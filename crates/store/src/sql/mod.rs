@@ -292,7 +292,7 @@ impl Sql {
             events: Arc::from(EVENTS),
             insert_dep: s(format!(
                 "INSERT INTO redrive_dependencies ({DEP_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, \
-                 1, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21) \
+                 1, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24) \
                  ON CONFLICT (name) DO NOTHING RETURNING version"
             )),
             update_dep: Arc::from(UPDATE_DEP),
@@ -377,8 +377,9 @@ const UPDATE_DEP: &str = "UPDATE redrive_dependencies SET state = $2, open_until
                  mode = $8, openings = $9, probe_successes = $10, probe_failures = $11, \
                  round_started = $12, rate_rps = $13, tat_us = $14, rate_cut_at = $15, \
                  rate_cap = $16, rate_raised_at = $17, rate_lifted = $18, meter_started = $19, \
-                 meter_slots = $20, meter_rate = $21 \
-                 WHERE name = $1 AND version = $22 RETURNING version";
+                 meter_slots = $20, meter_rate = $21, cycle_started = $22, cycle_slots = $23, \
+                 rate_pause_ms = $24 \
+                 WHERE name = $1 AND version = $25 RETURNING version";
 
 const UNPAUSE: &str = "UPDATE redrive_dependencies SET paused_until = NULL, pause_reason = NULL, updated_at = $2, \
                  version = version + 1 WHERE name = $1";
