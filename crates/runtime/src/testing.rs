@@ -40,7 +40,7 @@
 //!
 //! // A handler that fails twice, then succeeds: its retries are deferred an hour each, and
 //! // drain moves the clock instead of waiting.
-//! let policy = RetryPolicy::builder("charge").with_max_attempts(5)
+//! let policy = RetryPolicy::builder("charge").with_max_attempts(5).with_window(Duration::from_secs(86_400))
 //!     .with_in_process_max_wait(Duration::ZERO).build().unwrap();
 //! let charge = typed(|_: serde_json::Value, ctx: JobContext| async move {
 //!     if ctx.attempt < 3 {
