@@ -63,7 +63,10 @@ fn blocks(md: &str) -> Vec<Block> {
 
 /// The one block whose preceding line starts with `marker`.
 fn marked<'a>(all: &'a [Block], marker: &str) -> &'a Block {
-    let found: Vec<&Block> = all.iter().filter(|b| b.before.starts_with(marker)).collect();
+    let found: Vec<&Block> = all
+        .iter()
+        .filter(|b| b.before.starts_with(marker))
+        .collect();
     assert_eq!(found.len(), 1, "one block after {marker:?} in the README");
     found[0]
 }
@@ -72,7 +75,10 @@ fn marked<'a>(all: &'a [Block], marker: &str) -> &'a Block {
 fn readme_is_short_and_starts_with_its_two_commands() {
     let readme = read("README.md");
     let n = readme.lines().count();
-    assert!(n <= MAX_LINES, "README.md has {n} lines, more than {MAX_LINES}");
+    assert!(
+        n <= MAX_LINES,
+        "README.md has {n} lines, more than {MAX_LINES}"
+    );
     let first = &blocks(&readme)[0];
     assert_eq!(first.info, "sh");
     let commands: Vec<&str> = first
@@ -93,7 +99,9 @@ fn readme_is_short_and_starts_with_its_two_commands() {
     // No hidden doc-test lines, nor a block the checks below do not know.
     for b in blocks(&readme) {
         assert!(
-            !b.lines.iter().any(|l| l.starts_with("# ") && b.info.starts_with("rust")),
+            !b.lines
+                .iter()
+                .any(|l| l.starts_with("# ") && b.info.starts_with("rust")),
             "README.md line {}: a Rust block shows a hidden doc-test line",
             b.line
         );
@@ -177,8 +185,7 @@ fn mask(line: &str) -> String {
     let mut out = String::new();
     let mut i = 0;
     while i < c.len() {
-        if !c[i].is_ascii_digit() || (i > 0 && (c[i - 1].is_alphanumeric() || c[i - 1] == '_'))
-        {
+        if !c[i].is_ascii_digit() || (i > 0 && (c[i - 1].is_alphanumeric() || c[i - 1] == '_')) {
             out.push(c[i]);
             i += 1;
             continue;
@@ -192,9 +199,15 @@ fn mask(line: &str) -> String {
             let at = |k: usize, ch: u8| b.get(k) == Some(&ch);
             let d = |k: usize| b.get(k).is_some_and(u8::is_ascii_digit);
             if n == 4 && at(4, b'-') && at(7, b'-') && at(10, b'T') {
-                Some(t.find(|x: char| !(x.is_ascii_digit() || "-T:.+Z".contains(x))).unwrap_or(t.len()))
+                Some(
+                    t.find(|x: char| !(x.is_ascii_digit() || "-T:.+Z".contains(x)))
+                        .unwrap_or(t.len()),
+                )
             } else if n == 2 && at(2, b':') && d(3) && at(5, b':') && d(6) && at(8, b'.') {
-                Some(t.find(|x: char| !(x.is_ascii_digit() || ":.".contains(x))).unwrap_or(t.len()))
+                Some(
+                    t.find(|x: char| !(x.is_ascii_digit() || ":.".contains(x)))
+                        .unwrap_or(t.len()),
+                )
             } else {
                 None
             }
@@ -202,8 +215,7 @@ fn mask(line: &str) -> String {
         if let Some(len) = time_len {
             out.push_str("<time>");
             i += len;
-        } else if rest.starts_with("ms") && !rest[2..].starts_with(|x: char| x.is_alphanumeric())
-        {
+        } else if rest.starts_with("ms") && !rest[2..].starts_with(|x: char| x.is_alphanumeric()) {
             out.push_str("<n>ms");
             i += n + 2;
         } else if out.ends_with("\"created_ms\":")
@@ -266,7 +278,10 @@ fn quickstart_commands_run_and_print_what_the_readme_shows() {
     assert_eq!(block.info, "console");
     let steps = steps(block);
     let command_lines: usize = steps.iter().map(|s| s.command.lines().count()).sum();
-    assert!(command_lines <= 10, "the quickstart has {command_lines} command lines");
+    assert!(
+        command_lines <= 10,
+        "the quickstart has {command_lines} command lines"
+    );
 
     let port = free_port().to_string();
     let mut script = String::from("set -u\n");
@@ -398,7 +413,11 @@ fn figures_are_marked_and_known_to_the_figures_script() {
                 seen.push((name.clone(), f.clone()));
                 open = Some(name);
             } else if l == "<!-- /figure -->" {
-                assert!(open.take().is_some(), "{f}:{}: a closing marker alone", i + 1);
+                assert!(
+                    open.take().is_some(),
+                    "{f}:{}: a closing marker alone",
+                    i + 1
+                );
             }
         }
         assert!(open.is_none(), "{f}: figure {open:?} is not closed");
@@ -410,7 +429,10 @@ fn figures_are_marked_and_known_to_the_figures_script() {
                 "scripts/figures.sh writes {name} into {file}, which has no marker for it"
             );
         } else {
-            assert!(root().join(file).exists(), "{file} (figure {name}) is missing");
+            assert!(
+                root().join(file).exists(),
+                "{file} (figure {name}) is missing"
+            );
         }
     }
 
