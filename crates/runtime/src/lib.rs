@@ -50,6 +50,8 @@ mod fleet;
 mod handler;
 mod maintenance;
 pub mod metrics;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod trace;
 mod worker;
 

@@ -140,12 +140,18 @@ impl Handler for ChargeHandler {
     }
 }
 
-fn policies() -> anyhow::Result<(PolicySet, RetryPolicy)> {
-    let policy = RetryPolicy::builder("charge")
+/// The charge policy and the PSP's breaker. `in_process_max_wait`: how long a retry may be
+/// slept in process (`None`: the policy's default); the tests on a test clock set zero, so
+/// that every retry is deferred and the clock jumps to it.
+fn policies(in_process_max_wait: Option<Duration>) -> anyhow::Result<(PolicySet, RetryPolicy)> {
+    let mut policy = RetryPolicy::builder("charge")
         .with_max_attempts(8)
         .with_jitter(Jitter::Full)
-        .with_window(Duration::from_secs(120))
-        .build()?;
+        .with_window(Duration::from_secs(120));
+    if let Some(wait) = in_process_max_wait {
+        policy = policy.with_in_process_max_wait(wait);
+    }
+    let policy = policy.build()?;
     let mut set = PolicySet::builtin();
     set.insert(policy.clone());
     set.insert_breaker(
@@ -159,6 +165,30 @@ fn policies() -> anyhow::Result<(PolicySet, RetryPolicy)> {
             .build()?,
     );
     Ok((set, policy))
+}
+
+/// Enqueues `n` charges in one transaction: payment `i` is `500 + i` EUR with key `order-i`,
+/// on the dependency `psp`, with `policy`'s budget.
+async fn enqueue_charges(
+    store: &Store,
+    n: u64,
+    policy: &RetryPolicy,
+    now: chrono::DateTime<chrono::Utc>,
+) -> anyhow::Result<()> {
+    let jobs: Vec<NewJob> = (0..n)
+        .map(|i| {
+            NewJob::new(
+                "payments",
+                "charge",
+                json!({"amount": 500 + i, "currency": "EUR"}),
+            )
+            .key(format!("order-{i}"))
+            .dependency("psp")
+            .with_policy(policy)
+        })
+        .collect();
+    store.enqueue_many(&jobs, now).await?;
+    Ok(())
 }
 
 /// What [`run`] saw: payments that succeeded, and the PSP's charges.
@@ -203,20 +233,8 @@ async fn run(n: u64, scene: Scene) -> anyhow::Result<Seen> {
     let sim = sim.start("127.0.0.1:0").await?;
     let dir = tempfile::tempdir()?;
     let store = Store::connect(&format!("sqlite:{}", dir.path().join("pay.db").display())).await?;
-    let (set, policy) = policies()?;
-    let jobs: Vec<NewJob> = (0..n)
-        .map(|i| {
-            NewJob::new(
-                "payments",
-                "charge",
-                json!({"amount": 500 + i, "currency": "EUR"}),
-            )
-            .key(format!("order-{i}"))
-            .dependency("psp")
-            .with_policy(&policy)
-        })
-        .collect();
-    store.enqueue_many(&jobs, chrono::Utc::now()).await?;
+    let (set, policy) = policies(None)?;
+    enqueue_charges(&store, n, &policy, chrono::Utc::now()).await?;
     let worker = Worker::builder(store.clone(), vec!["payments".into()])
         .handler(
             "charge",
@@ -278,6 +296,95 @@ async fn main() -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use redrive_runtime::testing::{JobMatch, TestStore};
+    use redrive_store::JobState;
+
+    /// What the worker is given to run: checked by queue, kind, key and payload with the
+    /// runtime's test helpers.
+    #[tokio::test]
+    async fn each_payment_is_enqueued_once_with_its_key_and_amount() {
+        let t = TestStore::new().await.unwrap();
+        let (_, policy) = policies(None).unwrap();
+        enqueue_charges(t.store(), 3, &policy, t.clock().now())
+            .await
+            .unwrap();
+        // Enqueued again (a retried request): the keys keep one job per payment.
+        enqueue_charges(t.store(), 3, &policy, t.clock().now())
+            .await
+            .unwrap();
+        let second = t
+            .assert_enqueued(
+                &JobMatch::new()
+                    .queue("payments")
+                    .kind("charge")
+                    .key("order-1")
+                    .state(JobState::Available),
+            )
+            .await;
+        assert_eq!(second.payload, json!({"amount": 501, "currency": "EUR"}));
+        assert_eq!(second.dependency.as_deref(), Some("psp"));
+        assert_eq!((second.policy.as_str(), second.max_attempts), ("charge", 8));
+        assert_eq!(
+            t.jobs(&JobMatch::new().kind("charge")).await.unwrap().len(),
+            3
+        );
+        t.assert_not_enqueued(&JobMatch::new().key("order-3")).await;
+    }
+
+    /// A PSP that answers 5xx to a third of the charges: every payment still succeeds once,
+    /// its retries deferred with backoff and the test clock moved to each (no waiting), and
+    /// a PSP that only fails dead-letters each payment after its 8 attempts.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn retries_run_on_the_test_clock_until_success_or_the_budget_ends() {
+        for (error_rate, n) in [(0.3, 10), (1.0, 2)] {
+            let sim = PspSim::builder()
+                .faults(Faults {
+                    error_rate,
+                    seed: Some(11),
+                    ..Faults::none()
+                })
+                .ledger_dedupe(false)
+                .with_idempotency_layer()
+                .start("127.0.0.1:0")
+                .await
+                .unwrap();
+            let t = TestStore::new().await.unwrap();
+            let (set, policy) = policies(Some(Duration::ZERO)).unwrap();
+            enqueue_charges(t.store(), n, &policy, t.clock().now())
+                .await
+                .unwrap();
+            let worker = t
+                .worker(vec!["payments".into()])
+                .handler("charge", Arc::new(ChargeHandler::new(sim.url())))
+                .policies(set)
+                .build()
+                .unwrap();
+            let start = t.clock().now();
+            let summary = t.drain(&worker).await.unwrap();
+            let stats = sim.stats();
+            sim.shutdown().await;
+            let jobs = t.jobs(&JobMatch::new().kind("charge")).await.unwrap();
+            let attempts: u64 = jobs.iter().map(|j| u64::from(j.attempts)).sum();
+            assert_eq!(
+                stats.requests_total, attempts,
+                "one PSP request per attempt"
+            );
+            assert!(t.clock().now() > start, "the backoffs moved the test clock");
+            if error_rate < 1.0 {
+                assert_eq!(summary.succeeded, n);
+                assert!(attempts > n, "some charges were retried: {attempts}");
+                assert_eq!((stats.charges, stats.duplicate_effects), (n, 0));
+                assert!(jobs.iter().all(|j| j.state == JobState::Succeeded));
+            } else {
+                assert_eq!((summary.dead, stats.charges), (n, 0));
+                assert!(
+                    jobs.iter()
+                        .all(|j| j.state == JobState::Dead && j.attempts == 8),
+                    "{jobs:?}"
+                );
+            }
+        }
+    }
 
     const ONCE_EACH: Seen = Seen {
         succeeded: 30,
