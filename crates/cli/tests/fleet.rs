@@ -378,6 +378,9 @@ struct FleetRun {
     rescues: i64,
     /// The registry's clock offsets of the live workers, at the end of the run.
     offsets_ms: Vec<Option<i64>>,
+    /// The ticks of the `every-second` schedule enqueued (with [`Fleet::schedule`]), from the
+    /// jobs' keys, sorted.
+    ticks: Vec<chrono::DateTime<Utc>>,
 }
 
 const FLEET_LIMIT: f64 = 50.0;
@@ -401,6 +404,9 @@ struct Fleet {
     /// `REDRIVE_CLOCK_SYNC=off` on every process.
     unsynced: bool,
     work_args: Vec<&'static str>,
+    /// A schedule ticking every second (`[[schedules]]` in the policies file, a `noop` job
+    /// into queue `ticks`, which no worker serves): every process's scheduler takes part.
+    schedule: bool,
 }
 
 fn fleet_run_with(n: usize, seed: u64, fleet: &Fleet) -> Option<FleetRun> {
@@ -425,7 +431,13 @@ failure_rate = 0.6
 open_cooldown = "1s"
 cooldown_multiplier = 1.5
 cooldown_max = "1500ms"
-"#,
+"#
+        .to_owned()
+            + if fleet.schedule {
+                "\n[[schedules]]\nname = \"every-second\"\ncron = \"* * * * * *\"\nqueue = \"ticks\"\nkind = \"noop\"\nmissed = \"skip\"\n"
+            } else {
+                ""
+            },
     )
     .unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -506,12 +518,26 @@ cooldown_max = "1500ms"
         .fetch_one(pg.pool()),
     )
     .unwrap();
+    let keys: Vec<String> = block(
+        sqlx::query_scalar("SELECT idempotency_key FROM redrive_jobs WHERE queue = 'ticks'")
+            .fetch_all(pg.pool()),
+    )
+    .unwrap();
+    let mut ticks: Vec<chrono::DateTime<Utc>> = keys
+        .iter()
+        .map(|k| {
+            let t = k.strip_prefix("schedule:every-second:").unwrap();
+            chrono::DateTime::parse_from_rfc3339(t).unwrap().to_utc()
+        })
+        .collect();
+    ticks.sort();
     let run = FleetRun {
         seconds,
         stats: sim.stats(),
         log: sim.request_log(),
         rescues,
         offsets_ms: workers_seen.iter().map(|w| w.clock_offset_ms).collect(),
+        ticks,
     };
     block(fresh.drop_now());
     Some(run)
@@ -634,6 +660,7 @@ fn three_processes_with_skewed_clocks_take_no_live_lease() {
         offsets: vec!["3s", "0s", "-3s"],
         unsynced,
         work_args: vec!["--lease", "6s"],
+        schedule: true,
     };
     let Some(r) = fleet_run_with(N, 11, &fleet) else {
         return;
@@ -649,6 +676,24 @@ fn three_processes_with_skewed_clocks_take_no_live_lease() {
     );
     assert_eq!(r.rescues, 0, "attempts ended by a rescue of a live lease");
     exactly_once(&r, N);
+    // The schedule ticked every second for the whole run: each tick once (its key), none
+    // skipped, whichever process's scheduler took it.
+    let ticks = &r.ticks;
+    assert!(
+        ticks.len() as f64 >= r.seconds - 4.0,
+        "{} ticks in {:.1} s",
+        ticks.len(),
+        r.seconds
+    );
+    for w in ticks.windows(2) {
+        assert_eq!(
+            (w[1] - w[0]).num_milliseconds(),
+            1000,
+            "ticks {} then {}: skipped or doubled",
+            w[0],
+            w[1]
+        );
+    }
     if !unsynced {
         let mut offsets: Vec<i64> = r.offsets_ms.iter().map(|o| o.unwrap()).collect();
         offsets.sort();
