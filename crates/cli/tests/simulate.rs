@@ -364,3 +364,79 @@ fn the_fleet_scenario_runs_three_processes_on_one_row() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("--clock-skew"), "{}", stderr(&o));
 }
+
+/// The fleet scenario's PSP can be changed (issue 35's second fleet), and its figures include
+/// the fleet benchmark's own: `peak_1s` and `back_80_s`. `--error-rate` belongs to the fleet
+/// scenario; bad values are named.
+#[test]
+fn the_fleet_scenario_takes_the_psps_limit_retry_after_and_error_rate() {
+    let o = redrive(&[
+        "--model",
+        "capacity",
+        "--scenario",
+        "fleet",
+        "--runs",
+        "1",
+        "--processes",
+        "5",
+        "--capacity",
+        "40",
+        "--retry-after",
+        "3",
+        "--error-rate",
+        "0.05",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("one JSON document");
+    assert_eq!(v["psp"]["rate_limit"], 40.0);
+    assert_eq!(v["psp"]["error_rate"], 0.05);
+    let load = &v["runs"][0]["psp_load"];
+    assert_eq!(load["limit_rps"], 40.0);
+    assert!(load["peak_1s"].as_f64().unwrap() > 0.5, "{load}");
+    assert!(load["back_80_s"].as_f64().unwrap() > 0.0, "{load}");
+    assert_eq!(v["runs"][0]["succeeded"], 1000);
+    for (args, want) in [
+        (
+            vec!["--model", "capacity", "--error-rate", "0.1"],
+            "--error-rate applies to --scenario fleet only",
+        ),
+        (
+            vec![
+                "--model",
+                "capacity",
+                "--scenario",
+                "demo",
+                "--error-rate",
+                "0.1",
+            ],
+            "--error-rate does not apply with --scenario demo",
+        ),
+        (
+            vec![
+                "--model",
+                "capacity",
+                "--scenario",
+                "fleet",
+                "--retry-after",
+                "soon",
+            ],
+            "invalid --retry-after \"soon\"",
+        ),
+        (
+            vec![
+                "--model",
+                "capacity",
+                "--scenario",
+                "fleet",
+                "--error-rate",
+                "2",
+            ],
+            "error",
+        ),
+    ] {
+        let o = redrive(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
+    }
+}
