@@ -138,7 +138,7 @@ async fn bulk(
     };
     let store = open_existing(global).await?;
     let actor = cli_actor();
-    let now = chrono::Utc::now();
+    let now = crate::cmd::queue::db_now(&store).await;
     if action == BulkAction::Purge && !b.dry_run && !yes {
         let targets = store.bulk(action, &filter, &actor, true, now).await?.ids;
         if !targets.is_empty() {
@@ -252,7 +252,7 @@ pub(crate) fn run_now(global: &Global, a: RunNowArgs) -> anyhow::Result<ExitCode
 pub(crate) fn queue(global: &Global, c: QueueCommand) -> anyhow::Result<ExitCode> {
     block_on(async move {
         let store = open_existing(global).await?;
-        let now = chrono::Utc::now();
+        let now = crate::cmd::queue::db_now(&store).await;
         let (a, pause) = match c {
             QueueCommand::Pause(a) => (a, true),
             QueueCommand::Resume(a) => (a, false),
@@ -316,8 +316,9 @@ async fn operate(
     json: bool,
 ) -> anyhow::Result<redrive_store::Dependency> {
     let store = open_existing(global).await?;
+    let now = crate::cmd::queue::db_now(&store).await;
     let d = store
-        .operate_dependency(name, op, &cli_actor(), chrono::Utc::now())
+        .operate_dependency(name, op, &cli_actor(), now)
         .await
         .map_err(|e| match e {
             e @ redrive_store::StoreError::Invalid { .. } => usage(format!("{e}")),
@@ -334,14 +335,20 @@ pub(crate) fn dependency(global: &Global, c: DependencyCommand) -> anyhow::Resul
     block_on(async move {
         match c {
             DependencyCommand::Pause(a) => {
+                // A pause `--for D` ends D after now in the database's clock, as the fleet
+                // reads it (R24); an `--until` time is the operator's own.
+                let now = match a.until {
+                    Some(Until::In(_)) => {
+                        crate::cmd::queue::db_now(&open_existing(global).await?).await
+                    }
+                    _ => chrono::Utc::now(),
+                };
                 let until = a.until.map(|u| match u {
                     Until::At(t) => t,
-                    Until::In(d) => {
-                        chrono::Utc::now() + chrono::Duration::from_std(d).unwrap_or_default()
-                    }
+                    Until::In(d) => now + chrono::Duration::from_std(d).unwrap_or_default(),
                 });
                 if let Some(t) = until
-                    && t <= chrono::Utc::now()
+                    && t <= now
                 {
                     return Err(usage(format!(
                         "--until: {} is not in the future",

@@ -31,6 +31,24 @@ pub(crate) fn block_on<F: std::future::Future<Output = anyhow::Result<ExitCode>>
 
 /// Opens the store named by `--db`, creating an SQLite file that does not exist yet (for
 /// `migrate`, `enqueue`, `work`, `serve`); a malformed URL is a usage error.
+/// Now in the database's clock (R24): what a one-shot command writes to shared rows (a
+/// delayed job's `run_at`, a pause's end, a schedule's next tick, an audit row) is timed as the
+/// fleet's workers time it, whatever this host's clock says. This host's clock only when the
+/// database cannot say (the command's own write then fails and says why), or with the clock
+/// sync turned off for a drill (see [`crate::clock`]).
+pub(crate) async fn db_now(store: &Store) -> chrono::DateTime<chrono::Utc> {
+    let local = crate::clock::ClockSetup::from_env().ok();
+    let host = || {
+        local
+            .as_ref()
+            .map_or_else(chrono::Utc::now, |c| c.local.now())
+    };
+    if local.as_ref().is_some_and(|c| !c.sync) {
+        return host();
+    }
+    store.db_time().await.unwrap_or_else(|_| host())
+}
+
 pub(crate) async fn open(global: &Global) -> anyhow::Result<Store> {
     match Store::connect(&global.db).await {
         Ok(s) => Ok(s),
@@ -218,10 +236,12 @@ pub(crate) fn flag_error(e: EnqueueError) -> anyhow::Error {
 }
 
 pub(crate) fn enqueue(global: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
-    let now = chrono::Utc::now();
-    let job = new_job(global, &a, now)?;
+    // Checked before connecting (bad input needs no database), built again on its clock.
+    new_job(global, &a, chrono::Utc::now())?;
     block_on(async move {
         let store = open(global).await?;
+        let now = db_now(&store).await;
+        let job = new_job(global, &a, now)?;
         let e = store.enqueue(&job, now).await?;
         if !e.created {
             // The same key for another request is an error, as in the API (exit 1).

@@ -33,7 +33,7 @@ pub(crate) fn housekeeping(b: WorkerBuilder, a: &HousekeepingArgs) -> WorkerBuil
 /// Upserts the policies file's `[[schedules]]` (origin `policies`); returns how many.
 pub(crate) async fn upsert_file_schedules(global: &Global, store: &Store) -> anyhow::Result<usize> {
     let specs = policies::schedules(global)?;
-    let now = chrono::Utc::now();
+    let now = crate::cmd::queue::db_now(store).await;
     for spec in &specs {
         store.upsert_schedule(spec, "policies", now).await?;
     }
@@ -166,6 +166,8 @@ fn add(global: &Global, a: ScheduleAddArgs) -> anyhow::Result<ExitCode> {
     })?;
     block_on(async move {
         let store = open(global).await?;
+        // The schedule's next tick is computed in the database's clock (R24).
+        let now = crate::cmd::queue::db_now(&store).await;
         let (s, created) = store.upsert_schedule(&spec, "api", now).await?;
         if a.json {
             let view = redrive_service::ScheduleView::from(s);
