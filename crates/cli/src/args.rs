@@ -65,8 +65,10 @@ pub(crate) struct Global {
 /// Where `http` jobs may connect (`work`, `serve`): added to the policies file's `[egress]`.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct EgressArgs {
-    /// Only these hosts may be called: names, `*.suffix`, addresses or CIDR ranges
-    /// (repeatable).
+    /// Only these hosts may be called: names, `*.suffix`, addresses, CIDR ranges, or the
+    /// words `loopback`, `private` and `public` (repeatable). Loopback and private networks
+    /// (127/8, ::1, 10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7) are refused unless an
+    /// entry here covers them: `--allow-host loopback` for a PSP simulator on this machine.
     #[arg(long = "allow-host", value_name = "HOST")]
     pub(crate) allow_hosts: Vec<String>,
     /// Never call these hosts (repeatable; `loopback` and `private` name those ranges).

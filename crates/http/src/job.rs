@@ -207,7 +207,10 @@ impl Default for HttpJob {
 pub struct HttpJobError(#[source] reqwest::Error);
 
 impl HttpJob {
-    /// A handler classifying with `status`, under the default egress policy.
+    /// A handler classifying with `status`, under the default egress policy: public hosts
+    /// only — loopback and private networks are refused until allowed (see
+    /// [`crate::egress`]; a test calling a server on `127.0.0.1` uses
+    /// [`HttpJob::with_egress`] with [`EgressPolicy::loopback_only`]).
     ///
     /// # Panics
     /// When the TLS backend cannot be initialised (as `reqwest::Client::new` does); use
