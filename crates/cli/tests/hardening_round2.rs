@@ -542,3 +542,65 @@ fn mixed_script_names_are_refused() {
     ok(&enqueue("платежи", "заказ-1"));
     ok(&enqueue("pay", "order-1"));
 }
+
+/// Egress to private networks was open by default (issue 36): `work` refuses a job calling
+/// this machine, naming the rule and how to allow it, and sends nothing; `--allow-host
+/// 127.0.0.1` (or `allow_hosts` in `[egress]`) lets the same call through.
+#[test]
+fn work_calls_loopback_only_when_allowed() {
+    use std::io::{Read, Write};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let seen = hits.clone();
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            seen.fetch_add(1, Ordering::SeqCst);
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
+        }
+    });
+    let (dir, db) = sqlite();
+    let enqueue = |key: &str| {
+        let payload = format!(r#"{{"method": "GET", "url": "http://127.0.0.1:{port}/"}}"#);
+        let o = redrive(
+            &db,
+            &[
+                "enqueue", "--queue", "q", "--kind", "http", "--key", key, "--payload", &payload,
+                "--json",
+            ],
+        );
+        ok(&o)["job"]["id"].to_string()
+    };
+    let refused = enqueue("by-default");
+    ok_text(&redrive(&db, &["work", "--until-idle"]));
+    let shown = ok(&redrive(&db, &["show", &refused, "--json"]));
+    assert_eq!(shown["job"]["state"], "dead", "{shown}");
+    let e = shown["attempts"][0]["error"].as_str().unwrap();
+    assert!(
+        e.contains("is in 127.0.0.0/8 (loopback), denied by default"),
+        "{e}"
+    );
+    assert!(e.contains("--allow-host 127.0.0.1") && e.contains("[egress]"), "{e}");
+    assert_eq!(hits.load(Ordering::SeqCst), 0, "nothing was sent");
+
+    let allowed = enqueue("by-flag");
+    ok_text(&redrive(&db, &["work", "--until-idle", "--allow-host", "127.0.0.1"]));
+    let shown = ok(&redrive(&db, &["show", &allowed, "--json"]));
+    assert_eq!(shown["job"]["state"], "succeeded", "{shown}");
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+
+    let file = dir.path().join("egress.toml");
+    std::fs::write(&file, "[egress]\nallow_hosts = [\"loopback\"]\n").unwrap();
+    let by_file = enqueue("by-file");
+    ok_text(&redrive(
+        &db,
+        &["--policies", file.to_str().unwrap(), "work", "--until-idle"],
+    ));
+    let shown = ok(&redrive(&db, &["show", &by_file, "--json"]));
+    assert_eq!(shown["job"]["state"], "succeeded", "{shown}");
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+}
