@@ -386,10 +386,11 @@ fn work_guards_a_public_metrics_address_like_serve() {
     ));
 }
 
-/// `--payload @/dev/urandom` said "is 0 bytes" (a device has no size).
+/// `--payload @/dev/urandom` said "is 0 bytes" (a device has no size), then "is over 1048576
+/// bytes": it is no file at all. A device or a directory is refused as such; a pipe is read.
 #[cfg(unix)]
 #[test]
-fn a_payload_from_a_device_is_not_called_0_bytes() {
+fn a_payload_from_a_device_is_not_a_regular_file() {
     let (_dir, db) = sqlite();
     let o = redrive(
         &db,
@@ -403,8 +404,40 @@ fn a_payload_from_a_device_is_not_called_0_bytes() {
             "@/dev/urandom",
         ],
     );
-    let e = err(&o, 2, &["--payload", "over 1048576 bytes"]);
-    assert!(!e.contains(" 0 bytes"), "{e}");
+    let e = err(
+        &o,
+        2,
+        &[
+            "--payload",
+            "/dev/urandom is not a regular file (a character device)",
+        ],
+    );
+    assert!(!e.contains("bytes"), "{e}");
+    let dir = tempfile::tempdir().unwrap();
+    let at_dir = format!("@{}", dir.path().display());
+    let o = redrive(
+        &db,
+        &["enqueue", "--queue", "q", "--kind", "noop", "--payload", &at_dir],
+    );
+    err(&o, 2, &["--payload", "is not a regular file (a directory)"]);
+    // A pipe is fine: the payload on standard input.
+    let mut child = redrive_testkit::cli!()
+        .db_command(
+            &db,
+            ["enqueue", "--queue", "q", "--kind", "noop", "--payload", "@/dev/stdin"],
+        )
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(br#"{"from": "a pipe"}"#).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    ok_text(&out);
 }
 
 fn post_keyed(addr: &str, key: &str, body: &str) -> (u16, String) {
