@@ -517,6 +517,7 @@ pub(crate) struct ServeArgs {
     /// Refuse (422, naming the member) a job whose payload carries card data: a card number
     /// (Luhn-valid, 13-19 digits) or a member such as `card_number`, `pan`, `cvc`. Card data
     /// is masked on every surface either way; a payment fleet should store PSP tokens.
+    /// Also `refuse_card_data = true` in the policies file's `[payload]` section.
     #[arg(long = "refuse-card-data", env = "REDRIVE_REFUSE_CARD_DATA")]
     pub(crate) refuse_card_data: bool,
     /// Time allowed for a request's header (from the accept for a connection's first request).

@@ -224,6 +224,32 @@ fn serve_can_refuse_card_data() {
     assert_eq!(post_job(&addr, ok_body).0, 201);
 }
 
+/// `[payload] refuse_card_data = true` in the policies file is `serve --refuse-card-data`; a
+/// key the section does not know stops `serve` naming it.
+#[test]
+fn the_policies_file_can_refuse_card_data() {
+    let (dir, db) = sqlite();
+    let log = dir.path().join("serve.log");
+    let file = dir.path().join("policies.toml");
+    std::fs::write(
+        &file,
+        "[policy.quick]\nextends = \"background\"\n\n[payload]\nrefuse_card_data = true\n",
+    )
+    .unwrap();
+    let policies = file.to_str().unwrap();
+    let (server, addr) = serve(&db, &log, &["--policies", policies]);
+    let body = r#"{"queue": "q", "kind": "noop", "policy": "quick", "payload": {"pan": "4111111111111111"}}"#;
+    let (status, res) = post_job(&addr, body);
+    assert_eq!(status, 422, "{res}");
+    assert!(res.contains("\"field\":\"payload.pan\""), "{res}");
+    let ok_body = r#"{"queue": "q", "kind": "noop", "policy": "quick", "payload": {"source": "pm_1"}}"#;
+    assert_eq!(post_job(&addr, ok_body).0, 201, "the rest of the file still applies");
+    drop(server);
+    std::fs::write(&file, "[payload]\nrefuse_card = true\n").unwrap();
+    let o = redrive(&db, &["--policies", policies, "serve", "--addr", "127.0.0.1:0"]);
+    err(&o, 2, &["payload", "refuse_card"]);
+}
+
 /// Distinct `queue="…"` label values of `/metrics`.
 fn queue_labels(metrics: &str) -> std::collections::BTreeSet<String> {
     metrics
