@@ -285,12 +285,17 @@ pub(crate) struct WorkArgs {
     /// Jobs run at once.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub(crate) concurrency: u32,
-    /// Exit once no job is due and this process runs none. It does not wait for jobs due
-    /// later (scheduled, deferred) nor for jobs leased by another process, or by one that was
-    /// killed: those go back to the queue when their lease expires, and a later run takes
-    /// them.
+    /// Exit once no job is due, this process runs none and no job of its queues and kinds
+    /// is leased by another process. Jobs leased elsewhere (by a live worker, or by one that
+    /// was killed, until their lease expires and they are taken back) are waited for, at most
+    /// --until-idle-wait, and run here if they come back. Jobs due later (scheduled,
+    /// deferred) are not waited for.
     #[arg(long = "until-idle")]
     pub(crate) until_idle: bool,
+    /// With --until-idle: how long to wait at most for jobs leased by another process (0s:
+    /// do not wait). Not with --max-jobs.
+    #[arg(long = "until-idle-wait", default_value = "2m", value_parser = parse_duration)]
+    pub(crate) until_idle_wait: std::time::Duration,
     /// Exit after this many jobs finished their attempt.
     #[arg(long = "max-jobs")]
     pub(crate) max_jobs: Option<u64>,

@@ -568,16 +568,54 @@ fn redefining_a_built_in_preset_is_warned_about() {
 }
 
 /// `work --until-idle` after a kill -9 exited with jobs still leased, though its help said it
-/// waited for running jobs: the help now says what it does.
+/// waited for running jobs. Now it waits (bounded by --until-idle-wait) for jobs leased by
+/// another process, and runs them here once their lease expires; the help says so.
 #[test]
-fn until_idle_help_says_what_it_waits_for() {
+fn until_idle_waits_for_jobs_leased_by_a_killed_worker() {
     let o = redrive_testkit::cli!().run(["work", "--help"]);
     let t = ok_text(&o);
-    assert!(!t.contains("no job is available or running"), "{t}");
     assert!(
-        t.contains("does not wait") && t.contains("leased by another process"),
+        t.contains("leased by another process") && t.contains("--until-idle-wait"),
         "{t}"
     );
+    let (_dir, db) = sqlite();
+    let store = redrive_testkit::cli::block(redrive_store::Store::connect(&db)).unwrap();
+    let jobs: Vec<_> = (0..5)
+        .map(|i| redrive_store::NewJob::new("q", "noop", serde_json::json!({ "n": i })))
+        .collect();
+    let now = chrono::Utc::now();
+    redrive_testkit::cli::block(store.enqueue_many(&jobs, now)).unwrap();
+    // A worker that claimed them with a 2 s lease and was killed: nothing completes them.
+    let claimed = redrive_testkit::cli::block(store.claim(&redrive_store::ClaimParams {
+        queues: vec!["q".into()],
+        kinds: redrive_store::Kinds::Any,
+        worker: "killed".into(),
+        limit: 5,
+        lease: Duration::from_secs(2),
+        now,
+    }))
+    .unwrap();
+    assert_eq!(claimed.len(), 5);
+    // Without waiting: the old behaviour, said on stderr.
+    let o = redrive(&db, &["work", "--until-idle", "--until-idle-wait", "0s"]);
+    let t = ok_text(&o);
+    assert!(t.contains("succeeded 0"), "{t}");
+    assert!(text(&o).contains("5 job(s) still leased"), "{}", text(&o));
+    // Waiting: the leases expire, the jobs are taken back and run here.
+    let o = redrive(&db, &["work", "--until-idle"]);
+    let t = ok_text(&o);
+    assert!(t.contains("succeeded 5"), "{t}");
+    assert!(
+        text(&o).contains("waiting for 5 job(s) leased by another process"),
+        "{}",
+        text(&o)
+    );
+    let left = redrive_testkit::cli::block(store.list(&redrive_store::ListParams {
+        state: Some(redrive_store::JobState::Running),
+        ..Default::default()
+    }))
+    .unwrap();
+    assert!(left.jobs.is_empty(), "{left:?}");
 }
 
 /// Cyrillic homoglyphs in a queue or key were accepted: `pаy` (Cyrillic а) and `pay` were two
