@@ -242,11 +242,19 @@ fn the_policies_file_can_refuse_card_data() {
     let (status, res) = post_job(&addr, body);
     assert_eq!(status, 422, "{res}");
     assert!(res.contains("\"field\":\"payload.pan\""), "{res}");
-    let ok_body = r#"{"queue": "q", "kind": "noop", "policy": "quick", "payload": {"source": "pm_1"}}"#;
-    assert_eq!(post_job(&addr, ok_body).0, 201, "the rest of the file still applies");
+    let ok_body =
+        r#"{"queue": "q", "kind": "noop", "policy": "quick", "payload": {"source": "pm_1"}}"#;
+    assert_eq!(
+        post_job(&addr, ok_body).0,
+        201,
+        "the rest of the file still applies"
+    );
     drop(server);
     std::fs::write(&file, "[payload]\nrefuse_card = true\n").unwrap();
-    let o = redrive(&db, &["--policies", policies, "serve", "--addr", "127.0.0.1:0"]);
+    let o = redrive(
+        &db,
+        &["--policies", policies, "serve", "--addr", "127.0.0.1:0"],
+    );
     err(&o, 2, &["payload", "refuse_card"]);
 }
 
@@ -443,14 +451,30 @@ fn a_payload_from_a_device_is_not_a_regular_file() {
     let at_dir = format!("@{}", dir.path().display());
     let o = redrive(
         &db,
-        &["enqueue", "--queue", "q", "--kind", "noop", "--payload", &at_dir],
+        &[
+            "enqueue",
+            "--queue",
+            "q",
+            "--kind",
+            "noop",
+            "--payload",
+            &at_dir,
+        ],
     );
     err(&o, 2, &["--payload", "is not a regular file (a directory)"]);
     // A pipe is fine: the payload on standard input.
     let mut child = redrive_testkit::cli!()
         .db_command(
             &db,
-            ["enqueue", "--queue", "q", "--kind", "noop", "--payload", "@/dev/stdin"],
+            [
+                "enqueue",
+                "--queue",
+                "q",
+                "--kind",
+                "noop",
+                "--payload",
+                "@/dev/stdin",
+            ],
         )
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -657,7 +681,8 @@ fn work_calls_loopback_only_when_allowed() {
             seen.fetch_add(1, Ordering::SeqCst);
             let mut buf = [0u8; 4096];
             let _ = s.read(&mut buf);
-            let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
+            let _ =
+                s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
         }
     });
     let (dir, db) = sqlite();
@@ -666,7 +691,15 @@ fn work_calls_loopback_only_when_allowed() {
         let o = redrive(
             &db,
             &[
-                "enqueue", "--queue", "q", "--kind", "http", "--key", key, "--payload", &payload,
+                "enqueue",
+                "--queue",
+                "q",
+                "--kind",
+                "http",
+                "--key",
+                key,
+                "--payload",
+                &payload,
                 "--json",
             ],
         );
@@ -681,11 +714,17 @@ fn work_calls_loopback_only_when_allowed() {
         e.contains("is in 127.0.0.0/8 (loopback), denied by default"),
         "{e}"
     );
-    assert!(e.contains("--allow-host 127.0.0.1") && e.contains("[egress]"), "{e}");
+    assert!(
+        e.contains("--allow-host 127.0.0.1") && e.contains("[egress]"),
+        "{e}"
+    );
     assert_eq!(hits.load(Ordering::SeqCst), 0, "nothing was sent");
 
     let allowed = enqueue("by-flag");
-    ok_text(&redrive(&db, &["work", "--until-idle", "--allow-host", "127.0.0.1"]));
+    ok_text(&redrive(
+        &db,
+        &["work", "--until-idle", "--allow-host", "127.0.0.1"],
+    ));
     let shown = ok(&redrive(&db, &["show", &allowed, "--json"]));
     assert_eq!(shown["job"]["state"], "succeeded", "{shown}");
     assert_eq!(hits.load(Ordering::SeqCst), 1);

@@ -21,7 +21,10 @@ fn repo_root() -> PathBuf {
 /// the PSP simulator on loopback; returns the server and its address.
 fn serve(db: &str, extra: &[&str], env: &[(&str, &str)]) -> (Running, String) {
     let mut serve = redrive_testkit::cli!().db_command(db, ["serve", "--addr", "127.0.0.1:0"]);
-    serve.args(["--allow-host", "loopback"]).args(extra).envs(env.iter().copied());
+    serve
+        .args(["--allow-host", "loopback"])
+        .args(extra)
+        .envs(env.iter().copied());
     spawn_listening(&mut serve, "listening on http://")
 }
 

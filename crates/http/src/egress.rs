@@ -530,8 +530,8 @@ impl EgressPolicy {
             if allowed {
                 return Ok(());
             }
-            let literal = IpAddr::from_str(host.trim_start_matches('[').trim_end_matches(']'))
-                .is_ok();
+            let literal =
+                IpAddr::from_str(host.trim_start_matches('[').trim_end_matches(']')).is_ok();
             let entry = if literal {
                 canonical(ip).to_string()
             } else {
@@ -781,7 +781,8 @@ mod tests {
             "fe00::1",
             "::2.3.4.5",
         ] {
-            p.check_addr("h", ip(a)).unwrap_or_else(|e| panic!("{a}: {e}"));
+            p.check_addr("h", ip(a))
+                .unwrap_or_else(|e| panic!("{a}: {e}"));
         }
     }
 
@@ -805,7 +806,14 @@ mod tests {
             .unwrap()
             .with_allow("allow", "private")
             .unwrap();
-        for a in ["127.0.0.1", "::1", "10.0.0.1", "172.20.0.1", "100.64.1.1", "fd00::1"] {
+        for a in [
+            "127.0.0.1",
+            "::1",
+            "10.0.0.1",
+            "172.20.0.1",
+            "100.64.1.1",
+            "fd00::1",
+        ] {
             words.check_addr("h", ip(a)).unwrap();
         }
         assert_eq!(EgressPolicy::loopback_only(), {
@@ -818,7 +826,9 @@ mod tests {
             .with_allow("allow", "public")
             .unwrap();
         by_name.check_addr("psp.internal", ip("10.1.2.3")).unwrap();
-        by_name.check_addr("psp.example", ip("93.184.216.34")).unwrap();
+        by_name
+            .check_addr("psp.example", ip("93.184.216.34"))
+            .unwrap();
         let e = by_name
             .check_addr("rebound.example", ip("10.1.2.3"))
             .unwrap_err();

@@ -211,7 +211,13 @@ async fn a_client_blind_to_declines_breaks_the_rules() {
     let blind = StatusTable::default()
         .with_override(402, FailureClass::Infrastructure)
         .unwrap();
-    let o = run(60, 10, HttpJob::with_egress(blind, EgressPolicy::loopback_only()).unwrap(), 7).await;
+    let o = run(
+        60,
+        10,
+        HttpJob::with_egress(blind, EgressPolicy::loopback_only()).unwrap(),
+        7,
+    )
+    .await;
     assert!(o.stats.reattempt_violations > 0, "{:?}", o.stats);
 }
 

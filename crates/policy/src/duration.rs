@@ -109,8 +109,8 @@ mod tests {
     #[test]
     fn a_field_message_reads_as_a_sentence() {
         let e = parse_duration("-5s").unwrap_err();
-        let m = crate::PolicyError::invalid("policy.x.retry.base", "\"-5s\"", e.expected())
-            .to_string();
+        let m =
+            crate::PolicyError::invalid("policy.x.retry.base", "\"-5s\"", e.expected()).to_string();
         assert_eq!(
             m,
             "invalid policy.x.retry.base = \"-5s\": must be a duration like 250ms, 30s, 5m or 1h; it is negative"

@@ -602,7 +602,13 @@ async fn wrong_bearer_tokens_are_throttled_per_client() {
     let r = get("127.0.0.1", "/v1/jobs", "wrong-guess").await;
     let p = r.assert_problem(429);
     assert_eq!(r.header("retry-after").as_deref(), Some("60"), "{}", r.head);
-    assert!(p["detail"].as_str().unwrap().contains("wrong bearer tokens"), "{p}");
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .contains("wrong bearer tokens"),
+        "{p}"
+    );
     let r = get("127.0.0.1", "/v1/jobs", TOKEN).await;
     r.assert_problem(429);
     get("127.0.0.1", "/metrics", "wrong-guess")

@@ -169,7 +169,10 @@ async fn leased_jobs(
         .filter(|j| queues.is_empty() || queues.contains(&j.queue))
         .filter(|j| kinds.contains(&j.kind.as_str()))
         .collect();
-    Ok((mine.len(), mine.iter().filter_map(|j| j.lease_expires_at).max()))
+    Ok((
+        mine.len(),
+        mine.iter().filter_map(|j| j.lease_expires_at).max(),
+    ))
 }
 
 /// `--until-idle` after the queue looked idle: while jobs of these queues and kinds are
