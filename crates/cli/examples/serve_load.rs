@@ -114,6 +114,8 @@ impl Serve {
         let mut child = Command::new(bin)
             .args(["--db", &db, "serve", "--addr", "127.0.0.1:0", "--workers"])
             .arg(workers.to_string())
+            // The load's `http` jobs call a target on this machine.
+            .args(["--allow-host", "loopback"])
             .env_remove("REDRIVE_API_TOKEN")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -65,8 +65,10 @@ pub(crate) struct Global {
 /// Where `http` jobs may connect (`work`, `serve`): added to the policies file's `[egress]`.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct EgressArgs {
-    /// Only these hosts may be called: names, `*.suffix`, addresses or CIDR ranges
-    /// (repeatable).
+    /// Only these hosts may be called: names, `*.suffix`, addresses, CIDR ranges, or the
+    /// words `loopback`, `private` and `public` (repeatable). Loopback and private networks
+    /// (127/8, ::1, 10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7) are refused unless an
+    /// entry here covers them: `--allow-host loopback` for a PSP simulator on this machine.
     #[arg(long = "allow-host", value_name = "HOST")]
     pub(crate) allow_hosts: Vec<String>,
     /// Never call these hosts (repeatable; `loopback` and `private` name those ranges).
@@ -283,12 +285,17 @@ pub(crate) struct WorkArgs {
     /// Jobs run at once.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub(crate) concurrency: u32,
-    /// Exit once no job is due and this process runs none. It does not wait for jobs due
-    /// later (scheduled, deferred) nor for jobs leased by another process, or by one that was
-    /// killed: those go back to the queue when their lease expires, and a later run takes
-    /// them.
+    /// Exit once no job is due, this process runs none and no job of its queues and kinds
+    /// is leased by another process. Jobs leased elsewhere (by a live worker, or by one that
+    /// was killed, until their lease expires and they are taken back) are waited for, at most
+    /// --until-idle-wait, and run here if they come back. Jobs due later (scheduled,
+    /// deferred) are not waited for.
     #[arg(long = "until-idle")]
     pub(crate) until_idle: bool,
+    /// With --until-idle: how long to wait at most for jobs leased by another process (0s:
+    /// do not wait). Not with --max-jobs.
+    #[arg(long = "until-idle-wait", default_value = "2m", value_parser = parse_duration)]
+    pub(crate) until_idle_wait: std::time::Duration,
     /// Exit after this many jobs finished their attempt.
     #[arg(long = "max-jobs")]
     pub(crate) max_jobs: Option<u64>,
@@ -515,6 +522,7 @@ pub(crate) struct ServeArgs {
     /// Refuse (422, naming the member) a job whose payload carries card data: a card number
     /// (Luhn-valid, 13-19 digits) or a member such as `card_number`, `pan`, `cvc`. Card data
     /// is masked on every surface either way; a payment fleet should store PSP tokens.
+    /// Also `refuse_card_data = true` in the policies file's `[payload]` section.
     #[arg(long = "refuse-card-data", env = "REDRIVE_REFUSE_CARD_DATA")]
     pub(crate) refuse_card_data: bool,
     /// Time allowed for a request's header (from the accept for a connection's first request).

@@ -1,6 +1,7 @@
 //! The policies a command works with: the built-in presets plus `--policies FILE`, the
 //! `http` kind's egress policy (the file's `[egress]` section plus `--allow-host`,
-//! `--deny-host`, `--redirects`), and the file's periodic jobs (`[[schedules]]`).
+//! `--deny-host`, `--redirects`), the file's periodic jobs (`[[schedules]]`) and its
+//! `[payload]` settings.
 
 use std::path::Path;
 
@@ -38,7 +39,8 @@ fn load_file_with_egress(path: &Path) -> anyhow::Result<(PolicySet, EgressPolicy
         .map_err(|e| usage(format!("{}: {e}", path.display())))?;
     let (alerts, rest) = redrive_http::alerts::split_alerts_toml(&rest)
         .map_err(|e| usage(format!("{}: {e}", path.display())))?;
-    let rest = without_schedules(&rest);
+    parse_payload(path, &text)?;
+    let rest = without_section(&without_schedules(&rest), "payload");
     let set = PolicySet::from_toml(&rest).map_err(|e| usage(format!("{}: {e}", path.display())))?;
     warn_redefined_presets(path, &rest);
     redrive_http::alerts::check_alert_rules(&alerts, &set)
@@ -164,12 +166,72 @@ struct RawSchedule {
 
 /// Whether a TOML header line opens a section of `[[schedules]]`.
 fn is_schedules_header(line: &str) -> bool {
+    is_header_of(line, "schedules")
+}
+
+/// Whether a TOML header line opens the section `name` (or a table below it).
+fn is_header_of(line: &str, name: &str) -> bool {
     let t = line.trim_start();
-    let name = t.trim_start_matches('[').trim_start();
+    let rest = t.trim_start_matches('[').trim_start();
     t.starts_with('[')
-        && (name.starts_with("schedules]")
-            || name.starts_with("schedules.")
-            || name.starts_with("schedules "))
+        && rest.strip_prefix(name).is_some_and(|after| {
+            after.starts_with(']') || after.starts_with('.') || after.starts_with(' ')
+        })
+}
+
+/// The text with the lines of the section `name` blanked (line numbers kept).
+fn without_section(text: &str, name: &str) -> String {
+    let mut inside = false;
+    text.lines()
+        .map(|line| {
+            if line.trim_start().starts_with('[') {
+                inside = is_header_of(line, name);
+            }
+            if inside { "" } else { line }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The `[payload]` section of the policies file: what `serve` accepts in a job's payload.
+///
+/// ```toml
+/// [payload]
+/// refuse_card_data = true   # as serve --refuse-card-data
+/// ```
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PayloadSettings {
+    /// Refuse (422) a job whose payload carries card data.
+    #[serde(default)]
+    pub(crate) refuse_card_data: bool,
+}
+
+/// The `[payload]` settings of the global `--policies` file (the default without a file or
+/// a section); an unknown key or a wrong type is a usage error naming it.
+pub(crate) fn payload_settings(global: &Global) -> anyhow::Result<PayloadSettings> {
+    let Some(path) = &global.policies else {
+        return Ok(PayloadSettings::default());
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read policy file {}", path.display()))?;
+    parse_payload(path, &text)
+}
+
+/// The `[payload]` section of the file at `path` whose text is `text`.
+fn parse_payload(path: &Path, text: &str) -> anyhow::Result<PayloadSettings> {
+    let table: toml::Table = toml::from_str(text)
+        .map_err(|e| usage(format!("{}: {}", path.display(), e.to_string().trim())))?;
+    let Some(raw) = table.get("payload") else {
+        return Ok(PayloadSettings::default());
+    };
+    raw.clone().try_into().map_err(|e: toml::de::Error| {
+        usage(format!(
+            "{}: payload: {}",
+            path.display(),
+            e.to_string().trim().replace('\n', " ")
+        ))
+    })
 }
 
 /// The file's text with the lines of its `[[schedules]]` sections blanked (line numbers of

@@ -99,7 +99,17 @@ fn a_declined_charge_shows_its_advice_and_the_cards_quota() {
             &payload,
         ],
     ));
-    ok(&redrive(&db, &["work", "--queue", "subs", "--until-idle"]));
+    ok(&redrive(
+        &db,
+        &[
+            "work",
+            "--queue",
+            "subs",
+            "--until-idle",
+            "--allow-host",
+            "loopback",
+        ],
+    ));
     let out = ok(&redrive(&db, &["show", "1"]));
     assert!(out.contains("dead (recurring_stopped)"), "{out}");
     assert!(out.contains("quota key  fp_9"), "{out}");

@@ -103,6 +103,8 @@ fn worker(db: &str, policies: &std::path::Path) -> Running {
             "4",
             "--shutdown-grace",
             "1s",
+            "--allow-host",
+            "loopback",
         ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -495,7 +497,7 @@ cooldown_max = "1500ms"
                 .args(["--db", &db, "--policies"])
                 .arg(&policies)
                 .args(["work", "--queue", "pay", "--concurrency", "8"])
-                .args(["--shutdown-grace", "1s"])
+                .args(["--shutdown-grace", "1s", "--allow-host", "loopback"])
                 .args(&fleet.work_args)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())

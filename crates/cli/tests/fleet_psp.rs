@@ -127,7 +127,8 @@ fn run(s: Scenario, seed: u64) -> Option<(Load, Vec<RequestRecord>)> {
         .map(|_| {
             redrive_testkit::cli!()
                 .cmd()
-                .args(["--db", &db, "work", "--queue", "pay", "--concurrency"])
+                .args(["--db", &db, "work", "--allow-host", "loopback"])
+                .args(["--queue", "pay", "--concurrency"])
                 .arg(s.concurrency.to_string())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())

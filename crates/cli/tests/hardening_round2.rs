@@ -224,6 +224,40 @@ fn serve_can_refuse_card_data() {
     assert_eq!(post_job(&addr, ok_body).0, 201);
 }
 
+/// `[payload] refuse_card_data = true` in the policies file is `serve --refuse-card-data`; a
+/// key the section does not know stops `serve` naming it.
+#[test]
+fn the_policies_file_can_refuse_card_data() {
+    let (dir, db) = sqlite();
+    let log = dir.path().join("serve.log");
+    let file = dir.path().join("policies.toml");
+    std::fs::write(
+        &file,
+        "[policy.quick]\nextends = \"background\"\n\n[payload]\nrefuse_card_data = true\n",
+    )
+    .unwrap();
+    let policies = file.to_str().unwrap();
+    let (server, addr) = serve(&db, &log, &["--policies", policies]);
+    let body = r#"{"queue": "q", "kind": "noop", "policy": "quick", "payload": {"pan": "4111111111111111"}}"#;
+    let (status, res) = post_job(&addr, body);
+    assert_eq!(status, 422, "{res}");
+    assert!(res.contains("\"field\":\"payload.pan\""), "{res}");
+    let ok_body =
+        r#"{"queue": "q", "kind": "noop", "policy": "quick", "payload": {"source": "pm_1"}}"#;
+    assert_eq!(
+        post_job(&addr, ok_body).0,
+        201,
+        "the rest of the file still applies"
+    );
+    drop(server);
+    std::fs::write(&file, "[payload]\nrefuse_card = true\n").unwrap();
+    let o = redrive(
+        &db,
+        &["--policies", policies, "serve", "--addr", "127.0.0.1:0"],
+    );
+    err(&o, 2, &["payload", "refuse_card"]);
+}
+
 /// Distinct `queue="…"` label values of `/metrics`.
 fn queue_labels(metrics: &str) -> std::collections::BTreeSet<String> {
     metrics
@@ -386,10 +420,11 @@ fn work_guards_a_public_metrics_address_like_serve() {
     ));
 }
 
-/// `--payload @/dev/urandom` said "is 0 bytes" (a device has no size).
+/// `--payload @/dev/urandom` said "is 0 bytes" (a device has no size), then "is over 1048576
+/// bytes": it is no file at all. A device or a directory is refused as such; a pipe is read.
 #[cfg(unix)]
 #[test]
-fn a_payload_from_a_device_is_not_called_0_bytes() {
+fn a_payload_from_a_device_is_not_a_regular_file() {
     let (_dir, db) = sqlite();
     let o = redrive(
         &db,
@@ -403,8 +438,56 @@ fn a_payload_from_a_device_is_not_called_0_bytes() {
             "@/dev/urandom",
         ],
     );
-    let e = err(&o, 2, &["--payload", "over 1048576 bytes"]);
-    assert!(!e.contains(" 0 bytes"), "{e}");
+    let e = err(
+        &o,
+        2,
+        &[
+            "--payload",
+            "/dev/urandom is not a regular file (a character device)",
+        ],
+    );
+    assert!(!e.contains("bytes"), "{e}");
+    let dir = tempfile::tempdir().unwrap();
+    let at_dir = format!("@{}", dir.path().display());
+    let o = redrive(
+        &db,
+        &[
+            "enqueue",
+            "--queue",
+            "q",
+            "--kind",
+            "noop",
+            "--payload",
+            &at_dir,
+        ],
+    );
+    err(&o, 2, &["--payload", "is not a regular file (a directory)"]);
+    // A pipe is fine: the payload on standard input.
+    let mut child = redrive_testkit::cli!()
+        .db_command(
+            &db,
+            [
+                "enqueue",
+                "--queue",
+                "q",
+                "--kind",
+                "noop",
+                "--payload",
+                "@/dev/stdin",
+            ],
+        )
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(br#"{"from": "a pipe"}"#).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    ok_text(&out);
 }
 
 fn post_keyed(addr: &str, key: &str, body: &str) -> (u16, String) {
@@ -509,16 +592,54 @@ fn redefining_a_built_in_preset_is_warned_about() {
 }
 
 /// `work --until-idle` after a kill -9 exited with jobs still leased, though its help said it
-/// waited for running jobs: the help now says what it does.
+/// waited for running jobs. Now it waits (bounded by --until-idle-wait) for jobs leased by
+/// another process, and runs them here once their lease expires; the help says so.
 #[test]
-fn until_idle_help_says_what_it_waits_for() {
+fn until_idle_waits_for_jobs_leased_by_a_killed_worker() {
     let o = redrive_testkit::cli!().run(["work", "--help"]);
     let t = ok_text(&o);
-    assert!(!t.contains("no job is available or running"), "{t}");
     assert!(
-        t.contains("does not wait") && t.contains("leased by another process"),
+        t.contains("leased by another process") && t.contains("--until-idle-wait"),
         "{t}"
     );
+    let (_dir, db) = sqlite();
+    let store = redrive_testkit::cli::block(redrive_store::Store::connect(&db)).unwrap();
+    let jobs: Vec<_> = (0..5)
+        .map(|i| redrive_store::NewJob::new("q", "noop", serde_json::json!({ "n": i })))
+        .collect();
+    let now = chrono::Utc::now();
+    redrive_testkit::cli::block(store.enqueue_many(&jobs, now)).unwrap();
+    // A worker that claimed them with a 2 s lease and was killed: nothing completes them.
+    let claimed = redrive_testkit::cli::block(store.claim(&redrive_store::ClaimParams {
+        queues: vec!["q".into()],
+        kinds: redrive_store::Kinds::Any,
+        worker: "killed".into(),
+        limit: 5,
+        lease: Duration::from_secs(2),
+        now,
+    }))
+    .unwrap();
+    assert_eq!(claimed.len(), 5);
+    // Without waiting: the old behaviour, said on stderr.
+    let o = redrive(&db, &["work", "--until-idle", "--until-idle-wait", "0s"]);
+    let t = ok_text(&o);
+    assert!(t.contains("succeeded 0"), "{t}");
+    assert!(text(&o).contains("5 job(s) still leased"), "{}", text(&o));
+    // Waiting: the leases expire, the jobs are taken back and run here.
+    let o = redrive(&db, &["work", "--until-idle"]);
+    let t = ok_text(&o);
+    assert!(t.contains("succeeded 5"), "{t}");
+    assert!(
+        text(&o).contains("waiting for 5 job(s) leased by another process"),
+        "{}",
+        text(&o)
+    );
+    let left = redrive_testkit::cli::block(store.list(&redrive_store::ListParams {
+        state: Some(redrive_store::JobState::Running),
+        ..Default::default()
+    }))
+    .unwrap();
+    assert!(left.jobs.is_empty(), "{left:?}");
 }
 
 /// Cyrillic homoglyphs in a queue or key were accepted: `pаy` (Cyrillic а) and `pay` were two
@@ -541,4 +662,81 @@ fn mixed_script_names_are_refused() {
     err(&enqueue("pay", "\u{043E}rder-1"), 2, &["--key", "U+043E"]);
     ok(&enqueue("платежи", "заказ-1"));
     ok(&enqueue("pay", "order-1"));
+}
+
+/// Egress to private networks was open by default (issue 36): `work` refuses a job calling
+/// this machine, naming the rule and how to allow it, and sends nothing; `--allow-host
+/// 127.0.0.1` (or `allow_hosts` in `[egress]`) lets the same call through.
+#[test]
+fn work_calls_loopback_only_when_allowed() {
+    use std::io::{Read, Write};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let seen = hits.clone();
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            seen.fetch_add(1, Ordering::SeqCst);
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ =
+                s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
+        }
+    });
+    let (dir, db) = sqlite();
+    let enqueue = |key: &str| {
+        let payload = format!(r#"{{"method": "GET", "url": "http://127.0.0.1:{port}/"}}"#);
+        let o = redrive(
+            &db,
+            &[
+                "enqueue",
+                "--queue",
+                "q",
+                "--kind",
+                "http",
+                "--key",
+                key,
+                "--payload",
+                &payload,
+                "--json",
+            ],
+        );
+        ok(&o)["job"]["id"].to_string()
+    };
+    let refused = enqueue("by-default");
+    ok_text(&redrive(&db, &["work", "--until-idle"]));
+    let shown = ok(&redrive(&db, &["show", &refused, "--json"]));
+    assert_eq!(shown["job"]["state"], "dead", "{shown}");
+    let e = shown["attempts"][0]["error"].as_str().unwrap();
+    assert!(
+        e.contains("is in 127.0.0.0/8 (loopback), denied by default"),
+        "{e}"
+    );
+    assert!(
+        e.contains("--allow-host 127.0.0.1") && e.contains("[egress]"),
+        "{e}"
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 0, "nothing was sent");
+
+    let allowed = enqueue("by-flag");
+    ok_text(&redrive(
+        &db,
+        &["work", "--until-idle", "--allow-host", "127.0.0.1"],
+    ));
+    let shown = ok(&redrive(&db, &["show", &allowed, "--json"]));
+    assert_eq!(shown["job"]["state"], "succeeded", "{shown}");
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+
+    let file = dir.path().join("egress.toml");
+    std::fs::write(&file, "[egress]\nallow_hosts = [\"loopback\"]\n").unwrap();
+    let by_file = enqueue("by-file");
+    ok_text(&redrive(
+        &db,
+        &["--policies", file.to_str().unwrap(), "work", "--until-idle"],
+    ));
+    let shown = ok(&redrive(&db, &["show", &by_file, "--json"]));
+    assert_eq!(shown["job"]["state"], "succeeded", "{shown}");
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
 }

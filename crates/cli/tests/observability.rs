@@ -17,11 +17,14 @@ fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// `redrive serve` on 127.0.0.1:0 with `extra` flags and `env`; returns the server and its
-/// address.
+/// `redrive serve` on 127.0.0.1:0 with `extra` flags and `env`, its workers allowed to call
+/// the PSP simulator on loopback; returns the server and its address.
 fn serve(db: &str, extra: &[&str], env: &[(&str, &str)]) -> (Running, String) {
     let mut serve = redrive_testkit::cli!().db_command(db, ["serve", "--addr", "127.0.0.1:0"]);
-    serve.args(extra).envs(env.iter().copied());
+    serve
+        .args(["--allow-host", "loopback"])
+        .args(extra)
+        .envs(env.iter().copied());
     spawn_listening(&mut serve, "listening on http://")
 }
 
@@ -388,6 +391,7 @@ fn json_logs_are_one_object_a_line_with_the_attempt_fields() {
         .cmd()
         .args(["--db", &db, "--policies", policies.to_str().unwrap()])
         .args(["--log-format", "json", "work", "--until-idle"])
+        .args(["--allow-host", "loopback"])
         .env("RUST_LOG", "info")
         .output()
         .unwrap();

@@ -83,6 +83,7 @@ fn work(db: &str, extra: &[&str]) -> Child {
     redrive_testkit::cli!()
         .cmd()
         .args(["--db", db, "work", "--queue", "pay", "--concurrency", "4"])
+        .args(["--allow-host", "loopback"])
         .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -113,7 +114,17 @@ fn jobs(db: &str) -> Vec<redrive_store::Job> {
 }
 
 fn finish(db: &str) {
-    ok_text(&redrive_testkit::cli!().run_db(db, ["work", "--until-idle", "--concurrency", "8"]));
+    ok_text(&redrive_testkit::cli!().run_db(
+        db,
+        [
+            "work",
+            "--until-idle",
+            "--concurrency",
+            "8",
+            "--allow-host",
+            "loopback",
+        ],
+    ));
 }
 
 #[test]

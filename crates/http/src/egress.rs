@@ -3,39 +3,51 @@
 //! A job's URL comes from whoever can enqueue, so the worker must not become a way into the
 //! machine's own network. Before any byte is sent the policy checks the URL's host name and
 //! **every address it resolves to** (the check runs inside the client's DNS resolver, so a
-//! name that resolves to `169.254.169.254` is refused like the address itself; a host given
-//! as an IP literal is checked before the call).
+//! name that resolves to `169.254.169.254` or `10.0.0.5` is refused like the address itself,
+//! and the connection goes only to an address that passed; a host given as an IP literal is
+//! checked before the call).
 //!
 //! # Rules
 //! - **Denied, always:** link-local and cloud metadata addresses — `169.254.0.0/16`
 //!   (AWS, GCP, Azure, OpenStack metadata at `169.254.169.254`), `fe80::/10`,
 //!   `fd00:ec2::254` (AWS over IPv6), `100.100.100.200` (Alibaba Cloud), the unspecified
 //!   addresses `0.0.0.0/8` and `::` (which reach the local machine), and the name
-//!   `metadata.google.internal`. IPv4 addresses written as IPv6 (`::ffff:169.254.169.254`,
-//!   `64:ff9b::a9fe:a9fe`) are checked as the IPv4 address they carry.
-//! - **`deny_hosts`:** more names or ranges to refuse. `loopback` names `127.0.0.0/8` and
-//!   `::1` (allowed by default: the demo and local PSP simulators live there); `private`
-//!   names the RFC 1918 and unique-local ranges.
+//!   `metadata.google.internal`. No allow entry lifts these.
+//! - **Denied unless allowed:** the machine's own and private networks — loopback
+//!   (`127.0.0.0/8`, `::1`), RFC 1918 (`10.0.0.0/8`, `172.16.0.0/12`, `192.168.0.0/16`), the
+//!   shared address space `100.64.0.0/10` (carrier-grade NAT, also used inside clouds and
+//!   overlay networks) and unique-local IPv6 (`fc00::/7`). An address there is called only
+//!   when an `allow_hosts` entry covers it: the address or a range holding it (`127.0.0.1`,
+//!   `10.0.0.0/8`), the words `loopback` or `private`, or the URL's host name itself
+//!   (`psp.internal`, `*.internal`) — a name allowed by name may resolve to a private address.
+//! - **`deny_hosts`:** more names or ranges to refuse. Deny wins over allow.
 //! - **`allow_hosts`:** when not empty, only these names or ranges may be called (a name
-//!   allows every address it resolves to, except the denied ones). Deny wins over allow.
+//!   allows every address it resolves to, except the ones denied always). The word `public`
+//!   allows every address outside the ranges above, so `["public", "loopback"]` is "the
+//!   internet and this machine".
 //! - **`redirects`:** `none` (the default): a 3xx answer is not followed; the attempt is
 //!   **permanent**, naming the `Location` (a payment API does not redirect; following one
 //!   would re-send the body and headers somewhere the job did not name). `same-origin`:
 //!   up to 10 redirects to the same scheme, host and port are followed; any other is not
 //!   (and is permanent as above). Headers therefore never reach another origin.
 //!
+//! IPv4 addresses written as IPv6 (`::ffff:127.0.0.1`, the deprecated `::127.0.0.1`,
+//! `64:ff9b::a9fe:a9fe`) are checked as the IPv4 address they carry; the URL parser reads
+//! decimal, octal and hex IPv4 forms (`2130706433`, `0177.0.0.1`, `0x7f.1`) as the address.
+//!
 //! Entries are host names (`psp.example`, any case, a trailing dot ignored), suffix
 //! wildcards (`*.psp.example`: any name below it, not the name itself), IP addresses
 //! (`10.0.0.5`, `::1`, `[::1]`) and CIDR ranges (`10.0.0.0/8`, `fc00::/7`), or the words
-//! `loopback` and `private`.
+//! `loopback`, `private` and `public`.
 //!
-//! A denied call never leaves the process: its attempt is `permanent` with the reason, and
-//! it does not count for the dependency's breaker.
+//! A denied call never leaves the process: its attempt is `permanent` with the reason (which
+//! rule refused it, and for a private address how to allow it), and it does not count for
+//! the dependency's breaker.
 //!
 //! ```toml
 //! [egress]
 //! allow_hosts = ["*.psp.example", "10.20.0.0/16"]
-//! deny_hosts = ["loopback"]
+//! deny_hosts = ["10.20.9.0/24"]
 //! redirects = "same-origin"
 //! ```
 
@@ -157,7 +169,8 @@ impl fmt::Display for IpNet {
     }
 }
 
-/// The IPv4 address an IPv6 form carries (`::ffff:a.b.c.d`, `64:ff9b::a.b.c.d`), else `ip`.
+/// The IPv4 address an IPv6 form carries (`::ffff:a.b.c.d`, `64:ff9b::a.b.c.d`, and the
+/// deprecated IPv4-compatible `::a.b.c.d` other than `::` and `::1`), else `ip`.
 pub fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => {
@@ -165,7 +178,8 @@ pub fn canonical(ip: IpAddr) -> IpAddr {
                 return IpAddr::V4(v4);
             }
             let s = v6.segments();
-            if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+            let compatible = s[..6] == [0; 6] && u128::from(v6) > 1;
+            if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || compatible {
                 let [a, b, c, d] = (u128::from(v6) as u32).to_be_bytes();
                 return IpAddr::V4(Ipv4Addr::new(a, b, c, d));
             }
@@ -184,6 +198,8 @@ enum HostRule {
     Below(String),
     /// An address range, with the entry as written (for messages).
     Net(IpNet, String),
+    /// Every address outside the private ranges (the word `public`).
+    Public,
 }
 
 fn v4(a: u8, b: u8, c: u8, d: u8, prefix: u8, label: &str) -> HostRule {
@@ -234,20 +250,58 @@ fn default_deny() -> Vec<HostRule> {
     ]
 }
 
+/// The ranges denied unless an `allow_hosts` entry covers the address or the host name:
+/// `(range, its word)`, the word being the one that allows (or denies) the whole group.
+fn private_ranges() -> [(IpNet, &'static str); 7] {
+    let net4 = |a, b, c, d, prefix| IpNet {
+        addr: IpAddr::V4(Ipv4Addr::new(a, b, c, d)),
+        prefix,
+    };
+    [
+        (net4(127, 0, 0, 0, 8), "loopback"),
+        (
+            IpNet {
+                addr: IpAddr::V6(Ipv6Addr::LOCALHOST),
+                prefix: 128,
+            },
+            "loopback",
+        ),
+        (net4(10, 0, 0, 0, 8), "private"),
+        (net4(172, 16, 0, 0, 12), "private"),
+        (net4(192, 168, 0, 0, 16), "private"),
+        (net4(100, 64, 0, 0, 10), "private"),
+        (
+            IpNet {
+                addr: IpAddr::V6(Ipv6Addr::new(0xfc00, 0, 0, 0, 0, 0, 0, 0)),
+                prefix: 7,
+            },
+            "private",
+        ),
+    ]
+}
+
+/// The private range `ip` is in, with its word.
+fn private_range_of(ip: IpAddr) -> Option<(IpNet, &'static str)> {
+    private_ranges().into_iter().find(|(n, _)| n.contains(ip))
+}
+
 fn words(word: &str) -> Option<Vec<HostRule>> {
+    let group = |w: &str| {
+        private_ranges()
+            .into_iter()
+            .filter(|(_, g)| *g == w)
+            .map(|(n, g)| HostRule::Net(n, format!("{n} ({g})")))
+            .collect::<Vec<_>>()
+    };
     match word {
-        "loopback" => Some(vec![
-            v4(127, 0, 0, 0, 8, "loopback"),
-            v6(Ipv6Addr::LOCALHOST, 128, "loopback"),
-            HostRule::Name("localhost".into()),
-            HostRule::Below("localhost".into()),
-        ]),
-        "private" => Some(vec![
-            v4(10, 0, 0, 0, 8, "private"),
-            v4(172, 16, 0, 0, 12, "private"),
-            v4(192, 168, 0, 0, 16, "private"),
-            v6(Ipv6Addr::new(0xfc00, 0, 0, 0, 0, 0, 0, 0), 7, "private"),
-        ]),
+        "loopback" => {
+            let mut rules = group("loopback");
+            rules.push(HostRule::Name("localhost".into()));
+            rules.push(HostRule::Below("localhost".into()));
+            Some(rules)
+        }
+        "private" => Some(group("private")),
+        "public" => Some(vec![HostRule::Public]),
         _ => None,
     }
 }
@@ -303,7 +357,7 @@ fn parse_rules(field: &str, entry: &str) -> Result<Vec<HostRule>, EgressError> {
         });
     if !valid {
         return Err(bad(
-            "expected a host name, *.suffix, an address, a CIDR range, loopback or private",
+            "expected a host name, *.suffix, an address, a CIDR range, loopback, private or public",
         ));
     }
     Ok(vec![if below {
@@ -322,12 +376,16 @@ impl HostRule {
                     name.as_bytes()[name.len() - n.len() - 1] == b'.'
                 }
             }
-            HostRule::Net(..) => false,
+            HostRule::Net(..) | HostRule::Public => false,
         }
     }
 
     fn matches_addr(&self, ip: IpAddr) -> bool {
-        matches!(self, HostRule::Net(net, _) if net.contains(ip))
+        match self {
+            HostRule::Net(net, _) => net.contains(ip),
+            HostRule::Public => private_range_of(ip).is_none(),
+            HostRule::Name(_) | HostRule::Below(_) => false,
+        }
     }
 
     fn label(&self) -> String {
@@ -335,6 +393,7 @@ impl HostRule {
             HostRule::Name(n) => n.clone(),
             HostRule::Below(n) => format!("*.{n}"),
             HostRule::Net(_, label) => label.clone(),
+            HostRule::Public => "public".into(),
         }
     }
 }
@@ -342,8 +401,9 @@ impl HostRule {
 /// Where `http` jobs may connect, and whether they follow redirects. See the module docs.
 ///
 /// # Default
-/// No allow list (every host not denied), no extra deny entries (the built-in link-local
-/// and metadata ranges are always denied), redirects not followed.
+/// No allow list: every public host may be called; loopback, RFC 1918, `100.64.0.0/10` and
+/// unique-local addresses are refused until an allow entry covers them, link-local and
+/// metadata addresses always. No extra deny entries, redirects not followed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EgressPolicy {
     allow: Vec<HostRule>,
@@ -366,6 +426,16 @@ impl EgressPolicy {
     /// The default policy.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The default policy with loopback allowed (`allow_hosts = ["loopback"]`): only this
+    /// machine may be called. For tests and local tools that call a simulator on
+    /// `127.0.0.1`.
+    pub fn loopback_only() -> Self {
+        Self {
+            allow: words("loopback").unwrap_or_default(),
+            ..Self::default()
+        }
     }
 
     /// Adds an `allow_hosts` entry; `field` names the setting in the error.
@@ -435,7 +505,7 @@ impl EgressPolicy {
     /// itself).
     ///
     /// # Errors
-    /// [`EgressDenied`] naming the rule.
+    /// [`EgressDenied`] naming the rule (and, for a private address, how to allow it).
     pub fn check_addr(&self, host: &str, ip: IpAddr) -> Result<(), EgressDenied> {
         let denied = |reason: String| EgressDenied {
             host: host.into(),
@@ -443,23 +513,43 @@ impl EgressPolicy {
             reason,
         };
         if let Some(r) = default_deny().iter().find(|r| r.matches_addr(ip)) {
-            return Err(denied(format!("is in {}, denied by default", r.label())));
+            return Err(denied(format!(
+                "is in {}, always denied (no allow entry lifts it)",
+                r.label()
+            )));
         }
         if let Some(r) = self.deny.iter().find(|r| r.matches_addr(ip)) {
             return Err(denied(format!("is in {}, denied by deny_hosts", r.label())));
         }
-        if self.allow.is_empty() {
-            return Ok(());
-        }
         let name = normal_name(host);
-        if self
+        let allowed = self
             .allow
             .iter()
-            .any(|r| r.matches_name(&name) || r.matches_addr(ip))
-        {
+            .any(|r| r.matches_name(&name) || r.matches_addr(ip));
+        if let Some((net, word)) = private_range_of(ip) {
+            if allowed {
+                return Ok(());
+            }
+            let literal =
+                IpAddr::from_str(host.trim_start_matches('[').trim_end_matches(']')).is_ok();
+            let entry = if literal {
+                canonical(ip).to_string()
+            } else {
+                name.clone()
+            };
+            return Err(denied(format!(
+                "is in {net} ({word}), denied by default; to call it, allow it with \
+                 --allow-host {entry} (or {net}, or {word}) on work and serve, or in \
+                 allow_hosts of the policies file's [egress] section"
+            )));
+        }
+        if self.allow.is_empty() || allowed {
             return Ok(());
         }
-        Err(denied("is not in allow_hosts".into()))
+        Err(denied(
+            "is not in allow_hosts (add it with --allow-host, or to allow_hosts of [egress])"
+                .into(),
+        ))
     }
 
     /// Checks a URL's host before a call: a name against the name rules (its addresses are
@@ -608,41 +698,154 @@ mod tests {
     }
 
     #[test]
-    fn metadata_and_link_local_are_denied_by_default_loopback_is_not() {
-        let p = EgressPolicy::default();
-        for a in [
-            "169.254.169.254",
-            "169.254.0.1",
-            "fe80::1",
-            "fd00:ec2::254",
-            "100.100.100.200",
-            "0.0.0.0",
-            "::",
-            "::ffff:169.254.169.254",
-            "64:ff9b::a9fe:a9fe",
-        ] {
-            let e = p.check_addr("h", ip(a)).unwrap_err();
-            assert!(e.reason.contains("denied by default"), "{a}: {e}");
+    fn metadata_and_link_local_are_always_denied() {
+        let open = EgressPolicy::default()
+            .with_allow("allow", "0.0.0.0/0")
+            .unwrap()
+            .with_allow("allow", "::/0")
+            .unwrap();
+        for p in [EgressPolicy::default(), open] {
+            for a in [
+                "169.254.169.254",
+                "169.254.0.1",
+                "fe80::1",
+                "fd00:ec2::254",
+                "100.100.100.200",
+                "0.0.0.0",
+                "::",
+                "::ffff:169.254.169.254",
+                "64:ff9b::a9fe:a9fe",
+                "::169.254.169.254",
+            ] {
+                let e = p.check_addr("h", ip(a)).unwrap_err();
+                assert!(e.reason.contains("always denied"), "{a}: {e}");
+            }
         }
+        assert!(
+            EgressPolicy::default()
+                .check_name("Metadata.Google.Internal.")
+                .is_err()
+        );
+        EgressPolicy::default().check_name("psp.example").unwrap();
+    }
+
+    /// Every private range, in every spelling, is refused by the default policy, with a
+    /// message naming the range and how to allow it; public addresses are not.
+    #[test]
+    fn private_ranges_are_denied_by_default() {
+        let p = EgressPolicy::default();
+        for (a, range, word) in [
+            ("127.0.0.1", "127.0.0.0/8", "loopback"),
+            ("127.255.1.2", "127.0.0.0/8", "loopback"),
+            ("::1", "::1/128", "loopback"),
+            ("::ffff:127.0.0.1", "127.0.0.0/8", "loopback"),
+            ("::127.0.0.1", "127.0.0.0/8", "loopback"),
+            ("64:ff9b::7f00:1", "127.0.0.0/8", "loopback"),
+            ("10.0.0.1", "10.0.0.0/8", "private"),
+            ("10.255.255.255", "10.0.0.0/8", "private"),
+            ("172.16.0.1", "172.16.0.0/12", "private"),
+            ("172.31.255.254", "172.16.0.0/12", "private"),
+            ("192.168.1.1", "192.168.0.0/16", "private"),
+            ("::ffff:192.168.1.1", "192.168.0.0/16", "private"),
+            ("100.64.0.1", "100.64.0.0/10", "private"),
+            ("100.127.255.254", "100.64.0.0/10", "private"),
+            ("fc00::1", "fc00::/7", "private"),
+            ("fd12:3456::1", "fc00::/7", "private"),
+        ] {
+            let e = p.check_addr(a, ip(a)).unwrap_err();
+            let m = e.to_string();
+            assert!(
+                m.contains(&format!("is in {range} ({word}), denied by default")),
+                "{a}: {m}"
+            );
+            assert!(m.contains("--allow-host") && m.contains("[egress]"), "{m}");
+            assert!(m.contains("allow_hosts"), "{m}");
+        }
+        // A name is suggested by name.
+        let e = p.check_addr("psp.internal", ip("10.1.2.3")).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("--allow-host psp.internal (or 10.0.0.0/8, or private)"),
+            "{e}"
+        );
+        for a in [
+            "93.184.216.34",
+            "169.255.0.1",
+            "172.15.255.255",
+            "172.32.0.1",
+            "192.169.0.1",
+            "100.63.255.255",
+            "100.128.0.1",
+            "11.0.0.1",
+            "2001:db8::1",
+            "fe00::1",
+            "::2.3.4.5",
+        ] {
+            p.check_addr("h", ip(a))
+                .unwrap_or_else(|e| panic!("{a}: {e}"));
+        }
+    }
+
+    #[test]
+    fn an_allow_entry_lifts_the_private_default() {
+        let by_addr = EgressPolicy::default()
+            .with_allow("allow", "127.0.0.1")
+            .unwrap();
+        by_addr.check_addr("127.0.0.1", ip("127.0.0.1")).unwrap();
+        by_addr
+            .check_addr("127.0.0.1", ip("::ffff:127.0.0.1"))
+            .unwrap();
+        assert!(by_addr.check_addr("h", ip("127.0.0.2")).is_err());
+        let by_range = EgressPolicy::default()
+            .with_allow("allow", "10.0.0.0/8")
+            .unwrap();
+        by_range.check_addr("h", ip("10.9.8.7")).unwrap();
+        assert!(by_range.check_addr("h", ip("192.168.0.1")).is_err());
+        let words = EgressPolicy::default()
+            .with_allow("allow", "LOOPBACK")
+            .unwrap()
+            .with_allow("allow", "private")
+            .unwrap();
         for a in [
             "127.0.0.1",
             "::1",
-            "10.1.2.3",
-            "93.184.216.34",
-            "169.255.0.1",
+            "10.0.0.1",
+            "172.20.0.1",
+            "100.64.1.1",
+            "fd00::1",
         ] {
-            p.check_addr("h", ip(a)).unwrap();
+            words.check_addr("h", ip(a)).unwrap();
         }
-        assert!(p.check_name("Metadata.Google.Internal.").is_err());
-        p.check_name("psp.example").unwrap();
+        assert_eq!(EgressPolicy::loopback_only(), {
+            EgressPolicy::default().with_allow("x", "loopback").unwrap()
+        });
+        // A name allowed by name may resolve to a private address; another name may not.
+        let by_name = EgressPolicy::default()
+            .with_allow("allow", "psp.internal")
+            .unwrap()
+            .with_allow("allow", "public")
+            .unwrap();
+        by_name.check_addr("psp.internal", ip("10.1.2.3")).unwrap();
+        by_name
+            .check_addr("psp.example", ip("93.184.216.34"))
+            .unwrap();
+        let e = by_name
+            .check_addr("rebound.example", ip("10.1.2.3"))
+            .unwrap_err();
+        assert!(e.reason.contains("denied by default"), "{e}");
+        // `public` alone never reaches this machine.
+        let public = EgressPolicy::default().with_allow("a", "public").unwrap();
+        assert!(public.check_addr("localhost", ip("127.0.0.1")).is_err());
+        public.check_addr("x", ip("8.8.8.8")).unwrap();
     }
 
     #[test]
     fn loopback_can_be_denied_and_allow_lists_restrict() {
-        let p = EgressPolicy::default()
+        let p = EgressPolicy::loopback_only()
             .with_deny("deny", "loopback")
             .unwrap();
-        assert!(p.check_addr("localhost", ip("127.0.0.1")).is_err());
+        let e = p.check_addr("localhost", ip("127.0.0.1")).unwrap_err();
+        assert!(e.reason.contains("denied by deny_hosts"), "{e}");
         assert!(p.check_addr("x", ip("::1")).is_err());
         assert!(p.check_name("localhost").is_err());
         let p = EgressPolicy::default()
@@ -663,7 +866,9 @@ mod tests {
             p.check_addr("api.psp.example", ip("169.254.169.254"))
                 .is_err()
         );
-        assert!(p.check_addr("other.example", ip("8.8.8.8")).is_err());
+        let e = p.check_addr("other.example", ip("8.8.8.8")).unwrap_err();
+        assert!(e.reason.contains("is not in allow_hosts"), "{e}");
+        assert!(e.reason.contains("--allow-host"), "{e}");
     }
 
     #[test]
@@ -700,8 +905,8 @@ mod tests {
             (EgressPolicy::default(), "[policy.y]\n")
         );
         // Inline tables are handled too.
-        let (p, rest) = split_policies_toml("egress = { deny_hosts = [\"loopback\"] }\n").unwrap();
-        assert!(p.check_addr("h", ip("127.0.0.1")).is_err());
+        let (p, rest) = split_policies_toml("egress = { allow_hosts = [\"loopback\"] }\n").unwrap();
+        p.check_addr("h", ip("127.0.0.1")).unwrap();
         assert!(!rest.contains("egress"));
         let e = split_policies_toml("[egress]\nallow = []\n").unwrap_err();
         assert!(e.to_string().contains("allow"), "{e}");
@@ -723,16 +928,34 @@ mod tests {
             "http://[fe80::1]/",
             "http://0.0.0.0:8080/",
             "http://metadata.google.internal/computeMetadata/v1/",
+            // Loopback and private ranges in every spelling the URL parser reads.
+            "http://127.0.0.1:8081/",
+            "http://[::1]/",
+            "http://2130706433/",
+            "http://0x7f.1/",
+            "http://0177.0.0.1/",
+            "http://127.1/",
+            "http://[::ffff:7f00:1]/",
+            "http://[::127.0.0.1]/",
+            "http://0xa.0x1.2.3/",
+            "http://167772161/",
+            "http://012.0.0.1/",
+            "http://0xc0a80101/",
+            "http://[fd00::1]/",
         ] {
             let url = reqwest::Url::parse(u).unwrap();
             assert!(p.check_url(&url).is_err(), "{u} ({:?})", url.host_str());
         }
+        p.check_url(&reqwest::Url::parse("https://psp.example/v1").unwrap())
+            .unwrap();
+        let lo = EgressPolicy::loopback_only();
         for u in [
             "http://127.0.0.1:8081/",
-            "https://psp.example/v1",
             "http://[::1]/",
+            "http://2130706433/",
+            "http://0x7f.1/",
         ] {
-            p.check_url(&reqwest::Url::parse(u).unwrap()).unwrap();
+            lo.check_url(&reqwest::Url::parse(u).unwrap()).unwrap();
         }
     }
 

@@ -122,12 +122,9 @@ impl HttpPayload {
                     "a header name is 1..=256 token characters (letters, digits, !#$%&'*+-.^_`|~)",
                 ));
             }
-            if RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
-                return Err(EnqueueError::invalid(
-                    field,
-                    "",
-                    "redrive sets this header itself (the job's key is sent as Idempotency-Key)",
-                ));
+            let lower = name.to_ascii_lowercase();
+            if RESERVED_HEADERS.contains(&lower.as_str()) {
+                return Err(EnqueueError::invalid(field, "", reserved_reason(&lower)));
             }
             if let Some(problem) = header_value_problem(value) {
                 return Err(EnqueueError::invalid(
@@ -186,6 +183,21 @@ fn check_url(raw: &str) -> Result<reqwest::Url, EnqueueError> {
     Ok(url)
 }
 
+/// Why a job may not set the reserved header `lower` (a lowercase name of
+/// [`RESERVED_HEADERS`]).
+fn reserved_reason(lower: &str) -> &'static str {
+    match lower {
+        "idempotency-key" => {
+            "redrive sends the job's key as Idempotency-Key itself; set the job's key instead"
+        }
+        "host" => "the Host is taken from payload.url; a job cannot set it",
+        "content-length" | "transfer-encoding" | "trailer" => {
+            "the HTTP client frames the body itself; a job cannot set this header"
+        }
+        _ => "a hop-by-hop header is the HTTP client's to set; a job cannot set it",
+    }
+}
+
 /// The `http` job kind's handler.
 #[derive(Debug, Clone)]
 pub struct HttpJob {
@@ -207,7 +219,10 @@ impl Default for HttpJob {
 pub struct HttpJobError(#[source] reqwest::Error);
 
 impl HttpJob {
-    /// A handler classifying with `status`, under the default egress policy.
+    /// A handler classifying with `status`, under the default egress policy: public hosts
+    /// only — loopback and private networks are refused until allowed (see
+    /// [`crate::egress`]; a test calling a server on `127.0.0.1` uses
+    /// [`HttpJob::with_egress`] with [`EgressPolicy::loopback_only`]).
     ///
     /// # Panics
     /// When the TLS backend cannot be initialised (as `reqwest::Client::new` does); use

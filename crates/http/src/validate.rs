@@ -499,6 +499,18 @@ mod tests {
                 "{e}"
             );
         }
+        // Each reserved header says why it is reserved: a Host refusal talked about
+        // Idempotency-Key (issue 36).
+        for (name, says, not) in [
+            ("Host", "payload.url", "Idempotency-Key"),
+            ("Content-Length", "frames the body", "Idempotency-Key"),
+            ("Connection", "hop-by-hop", "Idempotency-Key"),
+            ("Idempotency-Key", "the job's key", "Host"),
+        ] {
+            let e = err(json!({"method": "GET", "url": "http://h/", "headers": {name: "x"}}))
+                .to_string();
+            assert!(e.contains(says) && !e.contains(not), "{name}: {e}");
+        }
     }
 
     #[test]

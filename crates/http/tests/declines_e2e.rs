@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redrive_http::{DeclineMap, HttpJob};
+use redrive_http::{DeclineMap, EgressPolicy, HttpJob};
 use redrive_policy::{
     FailureClass, Jitter, Network, PolicySet, QuotaRules, QuotaWindow, RetryPolicy, StatusTable,
 };
@@ -211,13 +211,21 @@ async fn a_client_blind_to_declines_breaks_the_rules() {
     let blind = StatusTable::default()
         .with_override(402, FailureClass::Infrastructure)
         .unwrap();
-    let o = run(60, 10, HttpJob::new(blind), 7).await;
+    let o = run(
+        60,
+        10,
+        HttpJob::with_egress(blind, EgressPolicy::loopback_only()).unwrap(),
+        7,
+    )
+    .await;
     assert!(o.stats.reattempt_violations > 0, "{:?}", o.stats);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_thousand_renewals_over_300_cards_keep_the_network_rules() {
-    let http = HttpJob::default().with_declines(DeclineMap::preset("redrive").unwrap());
+    let http = HttpJob::with_egress(StatusTable::default(), EgressPolicy::loopback_only())
+        .unwrap()
+        .with_declines(DeclineMap::preset("redrive").unwrap());
     let t = Instant::now();
     let o = run(2000, 300, http, 11).await;
     check(&o);

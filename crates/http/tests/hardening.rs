@@ -15,6 +15,12 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+/// The `http` kind allowed to call this machine (the servers here listen on 127.0.0.1; the
+/// default policy refuses loopback).
+fn local_http() -> HttpJob {
+    HttpJob::with_egress(StatusTable::default(), EgressPolicy::loopback_only()).unwrap()
+}
+
 async fn store() -> (Store, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let s = Store::connect(&format!("sqlite:{}", dir.path().join("q.db").display()))
@@ -137,7 +143,7 @@ async fn a_200_mb_body_is_read_only_up_to_the_stored_limit() {
         json!({"method": "GET", "url": format!("{url}/big"), "timeout_ms": 60000}),
     )
     .await;
-    run(&s, HttpJob::default()).await;
+    run(&s, local_http()).await;
     let (job, _) = finished(&s, id).await;
     assert_eq!(job.state, JobState::Succeeded, "{:?}", job.last_error);
     let result = job.result.unwrap();
@@ -176,7 +182,7 @@ async fn a_2xx_whose_body_stalls_is_an_ambiguous_timeout_not_a_success() {
         json!({"method": "POST", "url": format!("{url}/v1/charges"), "body": {"amount": 5}, "timeout_ms": 500}),
     )
     .await;
-    run(&s, HttpJob::default()).await;
+    run(&s, local_http()).await;
     let (job, attempts) = finished(&s, id).await;
     assert_ne!(job.state, JobState::Succeeded);
     assert!(!attempts.is_empty());
@@ -222,7 +228,7 @@ async fn redirects_are_not_followed_and_secret_headers_never_reach_another_origi
     // Default: not followed at all; the 3xx is permanent and named.
     let (s, _d) = store().await;
     let id = enqueue(&s, payload.clone()).await;
-    run(&s, HttpJob::default()).await;
+    run(&s, local_http()).await;
     let (job, attempts) = finished(&s, id).await;
     assert_eq!(
         (job.state, job.dead_reason.map(|r| r.as_str())),
@@ -245,7 +251,7 @@ async fn redirects_are_not_followed_and_secret_headers_never_reach_another_origi
     let id = enqueue(&s, payload).await;
     let job = HttpJob::with_egress(
         StatusTable::default(),
-        EgressPolicy::default().with_redirects(RedirectMode::SameOrigin),
+        EgressPolicy::loopback_only().with_redirects(RedirectMode::SameOrigin),
     )
     .unwrap();
     run(&s, job).await;
@@ -282,9 +288,10 @@ async fn a_name_resolving_to_a_denied_address_is_refused_before_any_byte_is_sent
     .await;
     let port = url.rsplit(':').next().unwrap().to_owned();
     // `localhost` is a name: it passes the name rules and is refused by the addresses it
-    // resolves to (the rules below name addresses, not the name).
+    // resolves to (the rules below name addresses, not the name; loopback is allowed, the
+    // deny entries win).
     let policy = || {
-        EgressPolicy::default()
+        EgressPolicy::loopback_only()
             .with_deny("deny_hosts", "127.0.0.0/8")
             .unwrap()
             .with_deny("deny_hosts", "::1")
@@ -329,14 +336,14 @@ async fn a_name_resolving_to_a_denied_address_is_refused_before_any_byte_is_sent
         );
     }
     assert_eq!(seen.requests.load(Ordering::SeqCst), 0);
-    // The same server is reachable under the default policy (loopback is allowed).
+    // The same server is reachable once loopback is allowed.
     let (s, _d2) = store().await;
     let id = enqueue(
         &s,
         json!({"method": "GET", "url": format!("http://localhost:{port}/")}),
     )
     .await;
-    run(&s, HttpJob::default()).await;
+    run(&s, local_http()).await;
     assert_eq!(finished(&s, id).await.0.state, JobState::Succeeded);
 }
 
@@ -365,7 +372,7 @@ async fn a_stored_header_with_crlf_is_permanent_at_once_and_never_feeds_the_brea
         .unwrap()
         .job
         .id;
-    run(&s, HttpJob::default()).await;
+    run(&s, local_http()).await;
     let (job, attempts) = finished(&s, id).await;
     assert_eq!(
         (
@@ -389,4 +396,48 @@ async fn a_stored_header_with_crlf_is_permanent_at_once_and_never_feeds_the_brea
     for d in s.dependencies().await.unwrap() {
         assert_eq!(d.flow.state, BreakerState::Closed, "{d:?}");
     }
+}
+
+/// The default policy refuses this machine (issue 36): by address and by a name resolving to
+/// it, nothing is sent, and the attempt says which rule refused and how to allow it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_policy_refuses_loopback_and_says_how_to_allow_it() {
+    let (url, seen) = server(|_, mut sock, _| async move {
+        let _ = sock
+            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            .await;
+    })
+    .await;
+    let port = url.rsplit(':').next().unwrap().to_owned();
+    let (s, _d) = store().await;
+    let by_addr = enqueue(&s, json!({"method": "GET", "url": format!("{url}/")})).await;
+    let by_name = s
+        .enqueue(
+            &NewJob::new(
+                "q",
+                "http",
+                json!({"method": "GET", "url": format!("http://localhost:{port}/")}),
+            )
+            .max_attempts(1),
+            chrono::Utc::now(),
+        )
+        .await
+        .unwrap()
+        .job
+        .id;
+    run(&s, HttpJob::default()).await;
+    for (id, entry) in [(by_addr, "127.0.0.1"), (by_name, "localhost")] {
+        let (job, attempts) = finished(&s, id).await;
+        assert_eq!(
+            (job.state, job.dead_reason.map(|r| r.as_str())),
+            (JobState::Dead, Some("permanent")),
+            "{attempts:?}"
+        );
+        let e = attempts[0].error.as_deref().unwrap();
+        assert!(e.contains("egress denied"), "{e}");
+        assert!(e.contains("(loopback), denied by default"), "{e}");
+        assert!(e.contains(&format!("--allow-host {entry}")), "{e}");
+        assert!(e.contains("[egress]"), "{e}");
+    }
+    assert_eq!(seen.requests.load(Ordering::SeqCst), 0, "nothing was sent");
 }

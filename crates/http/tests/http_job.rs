@@ -10,6 +10,15 @@ use redrive_runtime::Worker;
 use redrive_store::{JobState, ListParams, NewJob, Store};
 use serde_json::json;
 
+/// The `http` kind allowed to call the simulator on 127.0.0.1 (the default refuses loopback).
+fn local_http() -> HttpJob {
+    HttpJob::with_egress(
+        redrive_policy::StatusTable::default(),
+        redrive_http::EgressPolicy::loopback_only(),
+    )
+    .unwrap()
+}
+
 async fn store() -> (Store, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let s = Store::connect(&format!("sqlite:{}", dir.path().join("q.db").display()))
@@ -52,7 +61,7 @@ async fn bad_day(layer: bool) -> (redrive_psp_sim::Stats, u64, Store, tempfile::
         .collect();
     s.enqueue_many(&jobs, chrono::Utc::now()).await.unwrap();
     let worker = Worker::builder(s.clone(), vec!["payments".into()])
-        .handler("http", Arc::new(HttpJob::default()))
+        .handler("http", Arc::new(local_http()))
         .concurrency(16)
         .seed(1)
         .build()
@@ -187,7 +196,7 @@ async fn a_decline_is_dead_at_once_and_a_refused_connection_is_infrastructure() 
         .job
         .id;
     Worker::builder(s.clone(), vec!["payments".into()])
-        .handler("http", Arc::new(HttpJob::default()))
+        .handler("http", Arc::new(local_http()))
         .build()
         .unwrap()
         .run_until_idle()

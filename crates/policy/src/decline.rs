@@ -604,7 +604,7 @@ impl QuotaRules {
                     PolicyError::invalid(
                         format!("{network}[{i}].window"),
                         format!("{window:?}"),
-                        e.reason,
+                        e.expected(),
                     )
                 })?;
                 QuotaWindow::new(*max as u32, w).map_err(|e| e.within(&format!("{network}[{i}]")))

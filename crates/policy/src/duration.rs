@@ -12,6 +12,14 @@ pub struct ParseDurationError {
     pub reason: String,
 }
 
+impl ParseDurationError {
+    /// What a field holding a duration must be, and what is wrong, for a "must be …" message:
+    /// `a duration like 250ms, 30s, 5m or 1h; it is negative`.
+    pub fn expected(&self) -> String {
+        format!("a duration like 250ms, 30s, 5m or 1h; {}", self.reason)
+    }
+}
+
 /// Parses a human duration (`250ms`, `30s`, `5m`, `1h`, `2h 30m`).
 ///
 /// A bare number without a unit is refused, so that `30` is never silently
@@ -95,6 +103,19 @@ mod tests {
             let e = parse_duration(bad).unwrap_err();
             assert!(e.to_string().contains(&format!("{bad:?}")), "{e}");
         }
+    }
+
+    /// A policy file's field said "must be it is negative".
+    #[test]
+    fn a_field_message_reads_as_a_sentence() {
+        let e = parse_duration("-5s").unwrap_err();
+        let m =
+            crate::PolicyError::invalid("policy.x.retry.base", "\"-5s\"", e.expected()).to_string();
+        assert_eq!(
+            m,
+            "invalid policy.x.retry.base = \"-5s\": must be a duration like 250ms, 30s, 5m or 1h; it is negative"
+        );
+        assert!(!m.contains("must be it"), "{m}");
     }
 
     #[test]

@@ -340,7 +340,7 @@ fn rate(field: &str, v: &toml::Value) -> Result<f64, PolicyError> {
 }
 
 fn dur(field: &str, s: &str) -> Result<Duration, PolicyError> {
-    parse_duration(s).map_err(|e| PolicyError::invalid(field, format!("{s:?}"), e.reason))
+    parse_duration(s).map_err(|e| PolicyError::invalid(field, format!("{s:?}"), e.expected()))
 }
 
 fn count(field: &str, v: i64, lo: i64, hi: i64) -> Result<u32, PolicyError> {
@@ -724,6 +724,22 @@ impl RawBreaker {
 
 #[cfg(test)]
 mod tests {
+    /// A negative duration in a file said "must be it is negative" (issue 36).
+    #[test]
+    fn a_bad_duration_reads_as_a_sentence() {
+        for text in [
+            "[policy.x]\nextends = \"payment\"\ndeadline = \"-5s\"\n",
+            "[quotas]\nvisa = [{ max = 1, window = \"-5s\" }]\n",
+        ] {
+            let e = PolicySet::from_toml(text).unwrap_err().to_string();
+            assert!(
+                e.contains("\"-5s\": must be a duration like 250ms, 30s, 5m or 1h; it is negative"),
+                "{e}"
+            );
+            assert!(!e.contains("must be it"), "{e}");
+        }
+    }
+
     #[test]
     fn quotas_default_and_override() {
         let set = PolicySet::from_toml("").unwrap();

@@ -803,7 +803,8 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> Result<Response, A
 }
 
 /// The answers of the front door ([`crate::guard`]), which every route can give: 414, 421 and
-/// 431 everywhere, 403 on writes, 415 on `POST /v1/jobs`.
+/// 431 everywhere, 403 on writes, 415 on `POST /v1/jobs`; and the bearer throttle's 429 on
+/// `/v1`.
 struct FrontDoorResponses;
 
 impl Modify for FrontDoorResponses {
@@ -845,6 +846,13 @@ impl Modify for FrontDoorResponses {
                     "431",
                     "The header section is over 32 KiB or 100 fields (field `headers`)",
                 );
+                if path.starts_with("/v1/") {
+                    add(
+                        "429",
+                        "With a token: this client address sent too many wrong bearer tokens in \
+                         the last minute (Retry-After says when to try again)",
+                    );
+                }
                 if write {
                     add(
                         "403",

@@ -1,12 +1,18 @@
 //! Bearer-token authentication for `/v1` and `/metrics`, and the dashboard's session cookie.
 //!
 //! The token is compared as a SHA-256 digest with [`subtle::ConstantTimeEq`], so neither its
-//! content nor its length leaks through timing. A session cookie is a random id looked up by
+//! content nor its length leaks through timing. Wrong bearer tokens are counted per client
+//! address: beyond [`BEARER_FAILURES_PER_MINUTE`](crate::session::BEARER_FAILURES_PER_MINUTE)
+//! in a minute, a request with a bearer token from that address gets 429 problem+json with
+//! `Retry-After`, and its token is not compared at all. A session cookie is a random id looked up by
 //! its digest in [`Sessions`](crate::session) (expiring, revoked on logout), never derived
 //! from the token.
 
-use axum::extract::{Request, State};
-use axum::http::{HeaderMap, header};
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use sha2::{Digest, Sha256};
@@ -152,9 +158,66 @@ pub(crate) fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> 
         .map(|(_, v)| v)
 }
 
+/// The peer's address, from the connection ([`ConnectInfo`]).
+pub(crate) fn peer_ip(req: &Request) -> Option<IpAddr> {
+    req.extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(a)| a.ip())
+}
+
+/// What a request's bearer token says.
+enum Bearer {
+    /// No `Authorization: Bearer` header.
+    Absent,
+    /// A configured token.
+    Valid(Identity),
+    /// A wrong token (counted against the client).
+    Wrong,
+    /// The client is over its wrong tokens: not compared; try again after this.
+    Throttled(Duration),
+}
+
+/// Checks the bearer token of a request from `ip` against `tokens`, throttled per client.
+fn check_bearer(state: &AppState, tokens: &Tokens, ip: Option<IpAddr>, h: &HeaderMap) -> Bearer {
+    let Some(given) = bearer(h) else {
+        return Bearer::Absent;
+    };
+    if let Err(wait) = state.inner.bearers.check(ip) {
+        return Bearer::Throttled(wait);
+    }
+    match tokens.find(given) {
+        Some(id) => Bearer::Valid(id.clone()),
+        None => {
+            state.inner.bearers.failed(ip);
+            tracing::warn!(client = ?ip, "wrong bearer token");
+            Bearer::Wrong
+        }
+    }
+}
+
+/// 429 problem+json with `Retry-After` for a client over its wrong bearer tokens.
+pub(crate) fn too_many_bearers(state: &AppState, retry_after: Duration) -> Response {
+    let secs = retry_after.as_secs().max(1);
+    let mut res = ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "too-many-bad-tokens",
+        "Too many wrong bearer tokens",
+        format!(
+            "more than {} wrong bearer tokens in a minute from this address; its requests \
+             are refused without checking the token; try again in {secs} s",
+            state.inner.bearers.limit()
+        ),
+    )
+    .into_response();
+    res.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    res
+}
+
 /// Middleware for `/v1`: with a token configured, `Authorization: Bearer <token>` is required;
 /// otherwise 401 problem+json with `WWW-Authenticate: Bearer`.
-/// A read-only token gets 403 problem+json on anything but a read.
+/// A read-only token gets 403 problem+json on anything but a read; a client over its wrong
+/// tokens gets 429.
 pub(crate) async fn require_bearer(
     State(state): State<AppState>,
     mut req: Request,
@@ -164,14 +227,15 @@ pub(crate) async fn require_bearer(
         req.extensions_mut().insert(Identity::anonymous());
         return next.run(req).await;
     };
-    let identity = match bearer(req.headers()) {
-        None => {
+    let identity = match check_bearer(&state, tokens, peer_ip(&req), req.headers()) {
+        Bearer::Absent => {
             return ApiError::unauthorized("send Authorization: Bearer <token>").into_response();
         }
-        Some(given) => match tokens.find(given) {
-            Some(id) => id.clone(),
-            None => return ApiError::unauthorized("the bearer token is not valid").into_response(),
-        },
+        Bearer::Valid(id) => id,
+        Bearer::Wrong => {
+            return ApiError::unauthorized("the bearer token is not valid").into_response();
+        }
+        Bearer::Throttled(wait) => return too_many_bearers(&state, wait),
     };
     if identity.read_only && !is_read(req.method()) {
         return read_only_refusal(&identity.label);
@@ -181,34 +245,39 @@ pub(crate) async fn require_bearer(
 }
 
 /// Who a dashboard request is: the bearer token's identity or the session's (no token
-/// configured: [`Identity::anonymous`]); `None` when signed out.
-pub(crate) fn dashboard_identity(state: &AppState, headers: &HeaderMap) -> Option<Identity> {
+/// configured: [`Identity::anonymous`]); `Ok(None)` when signed out (or with a wrong bearer
+/// token), `Err(retry_after)` when the client is over its wrong bearer tokens.
+pub(crate) fn dashboard_identity(
+    state: &AppState,
+    ip: Option<IpAddr>,
+    headers: &HeaderMap,
+) -> Result<Option<Identity>, Duration> {
     let Some(tokens) = &state.inner.token else {
-        return Some(Identity::anonymous());
+        return Ok(Some(Identity::anonymous()));
     };
-    if let Some(given) = bearer(headers)
-        && let Some(id) = tokens.find(given)
-    {
-        return Some(id.clone());
+    match check_bearer(state, tokens, ip, headers) {
+        Bearer::Valid(id) => return Ok(Some(id)),
+        Bearer::Throttled(wait) => return Err(wait),
+        Bearer::Absent | Bearer::Wrong => {}
     }
-    cookie(headers, SESSION_COOKIE).and_then(|c| state.inner.sessions.get(c))
-}
-
-/// Whether a dashboard request is signed in: the bearer token or a live session (no token
-/// configured: always).
-pub(crate) fn dashboard_allowed(state: &AppState, headers: &HeaderMap) -> bool {
-    dashboard_identity(state, headers).is_some()
+    Ok(cookie(headers, SESSION_COOKIE).and_then(|c| state.inner.sessions.get(c)))
 }
 
 /// Route layer of `/metrics`: with a token (and without `--metrics-public`) the bearer token
-/// or a dashboard session is required; 401 problem+json otherwise.
+/// or a dashboard session is required; 401 problem+json otherwise (429 for a client over its
+/// wrong bearer tokens).
 pub(crate) async fn require_metrics_auth(
     State(state): State<AppState>,
     req: Request,
     next: Next,
 ) -> Response {
-    if state.inner.metrics_public || dashboard_allowed(&state, req.headers()) {
+    if state.inner.metrics_public {
         return next.run(req).await;
+    }
+    match dashboard_identity(&state, peer_ip(&req), req.headers()) {
+        Ok(Some(_)) => return next.run(req).await,
+        Err(wait) => return too_many_bearers(&state, wait),
+        Ok(None) => {}
     }
     let detail = if bearer(req.headers()).is_some() {
         "the bearer token is not valid"
@@ -225,7 +294,11 @@ pub(crate) async fn require_session(
     mut req: Request,
     next: Next,
 ) -> Response {
-    if let Some(identity) = dashboard_identity(&state, req.headers()) {
+    let identity = match dashboard_identity(&state, peer_ip(&req), req.headers()) {
+        Ok(found) => found,
+        Err(wait) => return too_many_bearers(&state, wait),
+    };
+    if let Some(identity) = identity {
         if identity.read_only && !is_read(req.method()) && req.uri().path() != "/logout" {
             return read_only_refusal(&identity.label);
         }

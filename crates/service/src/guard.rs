@@ -6,7 +6,9 @@
 //! - **Head limits**: a request target over [`MAX_URI_BYTES`] is 414; a header section over
 //!   [`MAX_HEADER_BYTES`] or with more than [`MAX_HEADER_COUNT`] fields is 431. hyper's own
 //!   limits lie far beyond (a 64 KiB target, a 400 KiB head): only there does a client get
-//!   hyper's bare status without a body.
+//!   hyper's bare status without a body. hyper answers those while parsing the request line,
+//!   before any middleware runs, with a fixed limit and no hook for the answer, so no layer
+//!   of ours can give that 414 a body.
 //! - **Host**: without a token, and with a token when public hosts are configured, the
 //!   request's host (its `Host` header, or the authority of an absolute-form or HTTP/2
 //!   request) must be a loopback name — `localhost`, `127.0.0.1`, `[::1]`, any port — or one

@@ -50,7 +50,7 @@ pub use operator::{
 };
 pub use schedules::{ScheduleList, ScheduleRequest, ScheduleUpsert, ScheduleView, schedule_spec};
 pub use server::{app, check_exposure, serve, serve_listener};
-pub use session::{DEFAULT_SESSION_TTL, LOGIN_FAILURES_PER_MINUTE};
+pub use session::{BEARER_FAILURES_PER_MINUTE, DEFAULT_SESSION_TTL, LOGIN_FAILURES_PER_MINUTE};
 pub use state::{
     ApiToken, AppConfig, AppState, DEFAULT_ADDR, DEFAULT_IDEMPOTENCY_RECOVERY_WINDOW,
     IDEMPOTENCY_SCOPE, MAX_BODY_BYTES, MIN_IDEMPOTENCY_RECOVERY_WINDOW, PLAIN_TOKEN_LABEL,

@@ -8,8 +8,9 @@
 //!
 //! Failed logins are counted per client address (an IPv6 client by its /64) over a sliding
 //! minute; beyond [`LOGIN_FAILURES_PER_MINUTE`] every login from that address is refused with
-//! 429 and `Retry-After` until the oldest failure leaves the window. Both use the injected
-//! clock, so tests move time exactly.
+//! 429 and `Retry-After` until the oldest failure leaves the window. Wrong bearer tokens (the
+//! API, `/metrics`, the dashboard) are counted the same way in a table of their own, beyond
+//! [`BEARER_FAILURES_PER_MINUTE`]. Both use the injected clock, so tests move time exactly.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
@@ -25,6 +26,10 @@ pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
 
 /// Failed logins allowed per client address per minute; the next is 429.
 pub const LOGIN_FAILURES_PER_MINUTE: usize = 5;
+
+/// Wrong bearer tokens allowed per client address per minute; the next request with a bearer
+/// token from that address is 429, without comparing its token.
+pub const BEARER_FAILURES_PER_MINUTE: usize = 20;
 
 /// The window failed logins are counted in.
 const LOGIN_WINDOW: Duration = Duration::from_secs(60);
@@ -129,18 +134,37 @@ fn client_key(ip: Option<IpAddr>) -> Option<IpAddr> {
     })
 }
 
-/// Counts failed logins per client and refuses beyond the limit.
-pub(crate) struct LoginLimiter {
+/// Counts failures (failed logins, wrong bearer tokens) per client and refuses beyond the
+/// limit. Its memory is bounded: at most [`MAX_TRACKED`] addresses, each with at most
+/// `limit` timestamps.
+pub(crate) struct FailureLimiter {
     clock: Arc<dyn Clock>,
+    limit: usize,
     failures: Mutex<HashMap<Option<IpAddr>, VecDeque<Timestamp>>>,
 }
 
-impl LoginLimiter {
-    pub(crate) fn new(clock: Arc<dyn Clock>) -> Self {
+impl FailureLimiter {
+    /// The limiter of dashboard logins ([`LOGIN_FAILURES_PER_MINUTE`]).
+    pub(crate) fn logins(clock: Arc<dyn Clock>) -> Self {
+        Self::new(clock, LOGIN_FAILURES_PER_MINUTE)
+    }
+
+    /// The limiter of bearer tokens ([`BEARER_FAILURES_PER_MINUTE`]).
+    pub(crate) fn bearers(clock: Arc<dyn Clock>) -> Self {
+        Self::new(clock, BEARER_FAILURES_PER_MINUTE)
+    }
+
+    fn new(clock: Arc<dyn Clock>, limit: usize) -> Self {
         Self {
             clock,
+            limit: limit.max(1),
             failures: Mutex::default(),
         }
+    }
+
+    /// The failures allowed per minute.
+    pub(crate) fn limit(&self) -> usize {
+        self.limit
     }
 
     /// `Err(retry_after)` while `ip` has used up its failures of the last minute.
@@ -155,17 +179,17 @@ impl LoginLimiter {
         while q.front().is_some_and(|t| *t <= from) {
             q.pop_front();
         }
-        if q.len() < LOGIN_FAILURES_PER_MINUTE {
+        if q.len() < self.limit {
             return Ok(());
         }
-        let free_at = plus(q[q.len() - LOGIN_FAILURES_PER_MINUTE], LOGIN_WINDOW);
+        let free_at = plus(q[q.len() - self.limit], LOGIN_WINDOW);
         let wait = (free_at - now).to_std().unwrap_or_default();
         // Whole seconds, rounded up, at least one: what Retry-After can say.
         let secs = wait.as_millis().div_ceil(1000).max(1) as u64;
         Err(Duration::from_secs(secs))
     }
 
-    /// Records a failed login from `ip`.
+    /// Records a failure from `ip`.
     pub(crate) fn failed(&self, ip: Option<IpAddr>) {
         let now = self.clock.now();
         let from = now - chrono::Duration::from_std(LOGIN_WINDOW).unwrap_or_default();
@@ -177,7 +201,7 @@ impl LoginLimiter {
         }
         let q = map.entry(key).or_default();
         q.push_back(now);
-        while q.len() > LOGIN_FAILURES_PER_MINUTE {
+        while q.len() > self.limit {
             q.pop_front();
         }
     }
@@ -223,7 +247,7 @@ mod tests {
     #[test]
     fn five_failures_a_minute_then_429_until_the_oldest_leaves() {
         let clock = Arc::new(ManualClock::at_millis(0));
-        let l = LoginLimiter::new(clock.clone());
+        let l = FailureLimiter::logins(clock.clone());
         let ip: Option<IpAddr> = Some("192.0.2.7".parse().unwrap());
         let other: Option<IpAddr> = Some("192.0.2.8".parse().unwrap());
         for i in 0..5 {
@@ -245,5 +269,24 @@ mod tests {
             l.failed(a);
         }
         assert!(l.check(b).is_err());
+    }
+
+    #[test]
+    fn the_bearer_table_has_its_own_limit_and_bounded_memory() {
+        let clock = Arc::new(ManualClock::at_millis(0));
+        let l = FailureLimiter::bearers(clock.clone());
+        let ip: Option<IpAddr> = Some("198.51.100.1".parse().unwrap());
+        for _ in 0..BEARER_FAILURES_PER_MINUTE {
+            assert_eq!(l.check(ip), Ok(()));
+            l.failed(ip);
+        }
+        assert_eq!(l.check(ip), Err(Duration::from_secs(60)));
+        // A flood of addresses: the table stays at its cap, each queue at the limit.
+        for i in 0..(MAX_TRACKED as u32 + 500) {
+            l.failed(Some(IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 + i))));
+        }
+        let map = l.failures.lock().unwrap();
+        assert!(map.len() <= MAX_TRACKED + 1, "{}", map.len());
+        assert!(map.values().all(|q| q.len() <= BEARER_FAILURES_PER_MINUTE));
     }
 }

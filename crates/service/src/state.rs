@@ -16,7 +16,7 @@ use crate::auth::{Token, Tokens};
 use crate::conn::ConnLimits;
 use crate::error::ServiceError;
 use crate::guard::{FrontDoor, parse_public_host};
-use crate::session::{DEFAULT_SESSION_TTL, LoginLimiter, Sessions};
+use crate::session::{DEFAULT_SESSION_TTL, FailureLimiter, Sessions};
 
 /// The largest request body accepted (1 MiB); larger ones get 413.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -243,7 +243,9 @@ pub(crate) struct Inner {
     pub(crate) write_probe: tokio::sync::Mutex<Option<(std::time::Instant, Result<(), String>)>>,
     pub(crate) front_door: FrontDoor,
     pub(crate) sessions: Sessions,
-    pub(crate) logins: LoginLimiter,
+    pub(crate) logins: FailureLimiter,
+    /// Wrong bearer tokens per client address.
+    pub(crate) bearers: FailureLimiter,
     pub(crate) cookie_secure: bool,
     pub(crate) metrics_public: bool,
     /// [`AppConfig::refuse_card_data`].
@@ -352,7 +354,8 @@ impl AppState {
                 write_probe: tokio::sync::Mutex::new(None),
                 front_door: FrontDoor { public_hosts },
                 sessions: Sessions::new(config.session_ttl, clock.clone()),
-                logins: LoginLimiter::new(clock.clone()),
+                logins: FailureLimiter::logins(clock.clone()),
+                bearers: FailureLimiter::bearers(clock.clone()),
                 clock,
                 cookie_secure: config.cookie_secure,
                 metrics_public: config.metrics_public,

@@ -104,7 +104,20 @@ impl Wire {
 /// Sends `head` (request line and headers, without the final blank line; `Connection: close`
 /// and `Content-Length` are added) and `body`, and reads the whole answer.
 async fn raw(addr: SocketAddr, head: &str, body: &[u8]) -> Wire {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    raw_on(s, head, body).await
+}
+
+/// As [`raw`], from the local address `from` (another loopback address, e.g. `127.0.0.2`,
+/// is another client to the server).
+async fn raw_from(from: &str, addr: SocketAddr, head: &str, body: &[u8]) -> Wire {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    let s = sock.connect(addr).await.unwrap();
+    raw_on(s, head, body).await
+}
+
+async fn raw_on(mut s: tokio::net::TcpStream, head: &str, body: &[u8]) -> Wire {
     let mut req = head
         .trim_end()
         .replace('\n', "\r\n")
@@ -559,6 +572,65 @@ async fn failed_logins_are_rate_limited() {
     let r = login(TOKEN).await;
     assert_eq!(r.status, 303, "{}", r.body);
     assert!(r.header("set-cookie").is_some());
+    s.stop().await;
+    h.cleanup().await;
+}
+
+/// Wrong bearer tokens (issue 36: 10.7k guesses a second were answered): 20 a minute per
+/// client address, then 429 problem+json with `Retry-After` on `/v1` and `/metrics`, without
+/// comparing the token — the right one too, from that address. Another address is not
+/// affected, and a minute later the address is heard again.
+#[tokio::test]
+async fn wrong_bearer_tokens_are_throttled_per_client() {
+    let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
+    let h = sqlite(AppConfig {
+        clock: Some(clock.clone()),
+        prometheus: Some(prometheus()),
+        ..with_token()
+    })
+    .await;
+    let s = Served::start(&h.state).await;
+    let host = s.host();
+    let get = |from: &'static str, path: &'static str, token: &str| {
+        let head = format!("GET {path} HTTP/1.1\nHost: {host}\nAuthorization: Bearer {token}");
+        async move { raw_from(from, s.addr, &head, b"").await }
+    };
+    for i in 0..redrive_service::BEARER_FAILURES_PER_MINUTE {
+        let r = get("127.0.0.1", "/v1/jobs", "wrong-guess").await;
+        assert_eq!(r.status, 401, "failure {i}: {}", r.body);
+    }
+    let r = get("127.0.0.1", "/v1/jobs", "wrong-guess").await;
+    let p = r.assert_problem(429);
+    assert_eq!(r.header("retry-after").as_deref(), Some("60"), "{}", r.head);
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .contains("wrong bearer tokens"),
+        "{p}"
+    );
+    let r = get("127.0.0.1", "/v1/jobs", TOKEN).await;
+    r.assert_problem(429);
+    get("127.0.0.1", "/metrics", "wrong-guess")
+        .await
+        .assert_problem(429);
+    // Another client: the right token works, a wrong one is a plain 401.
+    let r = get("127.0.0.2", "/v1/jobs", TOKEN).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = get("127.0.0.2", "/v1/jobs", "wrong-guess").await;
+    assert_eq!(r.status, 401, "{}", r.body);
+    // A request without a token is not a wrong token.
+    let r = raw_from(
+        "127.0.0.3",
+        s.addr,
+        &format!("GET /v1/jobs HTTP/1.1\nHost: {host}"),
+        b"",
+    )
+    .await;
+    assert_eq!(r.status, 401);
+    clock.advance(Duration::from_secs(60));
+    let r = get("127.0.0.1", "/v1/jobs", TOKEN).await;
+    assert_eq!(r.status, 200, "a minute later: {}", r.body);
     s.stop().await;
     h.cleanup().await;
 }

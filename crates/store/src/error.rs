@@ -81,12 +81,40 @@ pub enum StoreError {
         /// What was contended (e.g. `dependency "psp"`).
         what: String,
     },
-    /// The database failed (the driver's error, with its own causes, is in the message).
-    #[error("database: {0}")]
+    /// The database failed (the driver's error, with its own causes, is in the message; a
+    /// server error is shown by its message and SQLSTATE, without the server's source line).
+    #[error("database: {}", database_text(.0))]
     Database(sqlx::Error),
     /// Migrations failed (the migrator's error, with its own causes, is in the message).
-    #[error("migration: {0}")]
+    #[error("migration: {}", migrate_text(.0))]
     Migrate(sqlx::migrate::MigrateError),
+}
+
+/// The text of a driver error. A PostgreSQL server error's `Display` ends with the line of
+/// the server's C source that raised it (`… at line 948`), which means nothing to a user: the
+/// message and its SQLSTATE code are shown instead.
+pub(crate) fn database_text(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::Database(d) => match d.code() {
+            Some(code) => format!(
+                "error returned from database: {} (SQLSTATE {code})",
+                d.message()
+            ),
+            None => format!("error returned from database: {}", d.message()),
+        },
+        other => other.to_string(),
+    }
+}
+
+fn migrate_text(e: &sqlx::migrate::MigrateError) -> String {
+    use sqlx::migrate::MigrateError as M;
+    match e {
+        M::Execute(inner) => format!("while executing migrations: {}", database_text(inner)),
+        M::ExecuteMigration(inner, v) => {
+            format!("while executing migration {v}: {}", database_text(inner))
+        }
+        other => other.to_string(),
+    }
 }
 
 impl From<sqlx::Error> for StoreError {

@@ -3443,3 +3443,26 @@ mod every_queue {
         }
     }
 }
+
+/// A PostgreSQL server error ended "at line 948": sqlx shows the line of the server's C
+/// source that raised it. The store's message is the server's message and its SQLSTATE.
+#[tokio::test]
+async fn a_postgres_server_error_names_no_source_line() {
+    let url = redrive_testkit::postgres_url();
+    if !redrive_testkit::postgres_available(&url).await {
+        return;
+    }
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, format!("?{q}")),
+        None => (url.as_str(), String::new()),
+    };
+    let (server, _db) = base.rsplit_once('/').expect("a database in the URL");
+    let missing = format!("{server}/redrive_no_such_database_36{query}");
+    let e = match Store::connect(&missing).await {
+        Ok(_) => panic!("connected to a database that does not exist"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("does not exist"), "{e}");
+    assert!(e.contains("(SQLSTATE 3D000)"), "{e}");
+    assert!(!e.contains(" at line "), "{e}");
+}

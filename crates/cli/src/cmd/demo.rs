@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use chrono::Utc;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use redrive_http::HttpJob;
-use redrive_policy::{BreakerState, RetryMode};
+use redrive_http::{EgressPolicy, HttpJob};
+use redrive_policy::{BreakerState, RetryMode, StatusTable};
 use redrive_psp_sim::{Faults, PspSim};
 use redrive_runtime::Worker;
 use redrive_sim::LoadChart;
@@ -191,7 +191,14 @@ pub(crate) fn run(_global: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
             );
         }
         // When each call was let through, to the microsecond: the handler's start.
-        let stamps = Arc::new(Stamped::new(HttpJob::default()));
+        // Egress: exactly the simulator's address is allowed (the default policy refuses
+        // loopback, where the simulator listens).
+        let egress = EgressPolicy::default()
+            .with_allow("the demo's simulator", &sim.addr().ip().to_string())
+            .context("allowing the PSP simulator's address")?;
+        let http = HttpJob::with_egress(StatusTable::default(), egress)
+            .context("building the http job kind")?;
+        let stamps = Arc::new(Stamped::new(http));
         let worker = Worker::builder(store.clone(), vec![QUEUE.into()])
             .handler("http", stamps.clone())
             .policies(set)

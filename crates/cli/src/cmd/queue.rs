@@ -132,6 +132,34 @@ pub(crate) fn migrate(global: &Global) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// What a `--payload @FILE` is when it is neither a regular file nor a pipe.
+fn not_a_payload_file(meta: &std::fs::Metadata) -> Option<&'static str> {
+    let t = meta.file_type();
+    if t.is_file() {
+        return None;
+    }
+    if t.is_dir() {
+        return Some("a directory");
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return None;
+        }
+        if t.is_char_device() {
+            return Some("a character device");
+        }
+        if t.is_block_device() {
+            return Some("a block device");
+        }
+        if t.is_socket() {
+            return Some("a socket");
+        }
+    }
+    Some("not a file")
+}
+
 /// Reads `--payload` (inline JSON or `@FILE`), at most [`MAX_PAYLOAD_BYTES`] of it.
 pub(crate) fn payload(arg: Option<&str>) -> anyhow::Result<serde_json::Value> {
     let Some(raw) = arg else {
@@ -146,6 +174,15 @@ pub(crate) fn payload(arg: Option<&str>) -> anyhow::Result<serde_json::Value> {
         Some(path) => {
             let cannot = |e: std::io::Error| usage(format!("--payload: cannot read {path}: {e}"));
             let file = std::fs::File::open(path).map_err(cannot)?;
+            // A device (`/dev/urandom`), a directory or a socket is no payload; a regular
+            // file or a pipe (`@/dev/stdin`, `@<(cmd)`) is read.
+            let meta = file.metadata().map_err(cannot)?;
+            if let Some(what) = not_a_payload_file(&meta) {
+                return Err(usage(format!(
+                    "--payload: {path} is not a regular file ({what}); give a file, a pipe or \
+                     the JSON inline"
+                )));
+            }
             // Read one byte past the limit, never the whole of a huge file.
             let mut buf = Vec::new();
             file.take(MAX_PAYLOAD_BYTES as u64 + 1)

@@ -45,6 +45,7 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
     let (set, egress) = policies::load_for_workers(global, &a.egress)?;
     let http = HttpJob::with_egress(StatusTable::default(), egress)?;
     let alerts = policies::load_alerts(global)?;
+    let payload = policies::payload_settings(global)?;
     let clock_setup = crate::clock::ClockSetup::from_env()?;
     redrive_store::labels::set_max_labels(a.metrics_max_labels);
     block_on(async move {
@@ -125,7 +126,7 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
                 public_hosts: a.public_hosts.clone(),
                 cookie_secure: a.cookie_secure,
                 metrics_public: a.metrics_public,
-                refuse_card_data: a.refuse_card_data,
+                refuse_card_data: a.refuse_card_data || payload.refuse_card_data,
                 connections: ConnLimits {
                     header_timeout: a.header_timeout,
                     idle_timeout: a.idle_timeout,

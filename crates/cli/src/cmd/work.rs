@@ -108,7 +108,18 @@ pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
         let worker = crate::cmd::schedule::housekeeping(worker, &a.housekeeping).build()?;
         crate::cmd::schedule::upsert_file_schedules(global, &store_for_schedules).await?;
         let total: Summary = if a.until_idle {
-            let total = worker.run_until_idle().await?;
+            let mut total = worker.run_until_idle().await?;
+            if a.max_jobs.is_none() {
+                wait_for_leased(
+                    &worker,
+                    &alert_store,
+                    &a.queues,
+                    &kinds,
+                    a.until_idle_wait,
+                    &mut total,
+                )
+                .await?;
+            }
             // One look for alert events at the end (their jobs run at the next `work`).
             if !alerts.is_empty() {
                 let mut alerter =
@@ -136,6 +147,81 @@ pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
         Ok(ExitCode::SUCCESS)
     })
 }
+
+/// The jobs of these queues (all when empty) and kinds that are leased (running) by any
+/// process: how many (of the first 1,000 running jobs), and the latest lease expiry.
+async fn leased_jobs(
+    store: &redrive_store::Store,
+    queues: &[String],
+    kinds: &[&str],
+) -> anyhow::Result<(usize, Option<redrive_store::Timestamp>)> {
+    let page = store
+        .list(&redrive_store::ListParams {
+            state: Some(redrive_store::JobState::Running),
+            queue: (queues.len() == 1).then(|| queues[0].clone()),
+            limit: Some(1000),
+            ..Default::default()
+        })
+        .await?;
+    let mine: Vec<_> = page
+        .jobs
+        .iter()
+        .filter(|j| queues.is_empty() || queues.contains(&j.queue))
+        .filter(|j| kinds.contains(&j.kind.as_str()))
+        .collect();
+    Ok((
+        mine.len(),
+        mine.iter().filter_map(|j| j.lease_expires_at).max(),
+    ))
+}
+
+/// `--until-idle` after the queue looked idle: while jobs of these queues and kinds are
+/// leased by another process (one still running them, or one that was killed), waits — at
+/// most `bound` — and runs again, so that a killed worker's jobs are rescued when their
+/// lease expires and run here. Says so on standard error when it waits, and when it gives
+/// up with jobs still leased.
+async fn wait_for_leased(
+    worker: &Worker,
+    store: &redrive_store::Store,
+    queues: &[String],
+    kinds: &[&str],
+    bound: std::time::Duration,
+    total: &mut Summary,
+) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    let mut said = false;
+    loop {
+        let (n, last_expiry) = leased_jobs(store, queues, kinds).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        let waited = started.elapsed();
+        if waited >= bound {
+            eprintln!(
+                "redrive: {n} job(s) still leased by another process after waiting {} \
+                 (--until-idle-wait); they go back to the queue when their lease expires",
+                redrive_policy::format_duration(waited)
+            );
+            return Ok(());
+        }
+        if !said {
+            let expiry = last_expiry
+                .map(|t| format!(", the last lease expires at {}", t.to_rfc3339()))
+                .unwrap_or_default();
+            eprintln!(
+                "redrive: waiting for {n} job(s) leased by another process{expiry} \
+                 (at most {})",
+                redrive_policy::format_duration(bound)
+            );
+            said = true;
+        }
+        tokio::time::sleep(LEASED_POLL.min(bound - waited)).await;
+        total.add(worker.run_until_idle().await?);
+    }
+}
+
+/// How often `--until-idle` looks again at jobs leased by another process.
+const LEASED_POLL: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// First SIGINT/SIGTERM: graceful shutdown. Second: exit now.
 async fn signals(stop: CancellationToken) {
