@@ -263,6 +263,12 @@ pub(crate) struct EnqueueArgs {
     /// Priority: lower runs first (-1000000..=1000000).
     #[arg(long, allow_negative_numbers = true)]
     pub(crate) priority: Option<i32>,
+    /// Attempts this job may make in all, from 1 to its policy's total (default: the policy's
+    /// total). It lowers the policy's budget, never raises it: the workers dead-letter the job
+    /// (`attempts_exhausted`) after this many attempts.
+    #[arg(long = "max-attempts", value_name = "N", allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) max_attempts: Option<u32>,
     /// The card key the networks' reattempt quotas count against (a card fingerprint or
     /// payment-method id; a card number is refused).
     #[arg(long = "quota-key")]

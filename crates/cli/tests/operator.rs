@@ -143,6 +143,7 @@ fn dead_jobs(store: &Store) -> Vec<i64> {
                 http_status: None,
                 error: Some(error.into()),
                 counted: true,
+                response: None,
             }),
             counters: redrive_policy::JobCounters {
                 attempts: 1,
@@ -343,7 +344,10 @@ fn breakers_force_open_stops_calls_fleet_wide_and_auto_lets_them_go() {
     let listed = ok(&redrive(&db, &["breakers", "--json"]));
     assert_eq!(listed["breakers"][0]["mode"], "forced_open");
     let t = text(&redrive(&db, &["breakers"]));
-    assert!(t.contains("forced_open"), "{t}");
+    // Issue 37: the state as the fleet sees it, marked as forced (it read `forced_open`).
+    assert!(t.contains("open (forced)"), "{t}");
+    let st = text(&redrive(&db, &["stats"]));
+    assert!(st.contains("open (forced)"), "{st}");
     // Two worker processes: neither calls while the breaker is forced open.
     let workers = vec![worker(&db, "pay"), worker(&db, "pay")];
     let first = enqueue(10, 0);
@@ -598,4 +602,82 @@ headers = {{ X-Hook-Token = "t0ken" }}
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("alerts[0].on[0]"));
+}
+
+/// Issue 37: a job held by a paused queue or a forced-open breaker showed as plain
+/// `available`, `stats` did not show paused queues, and `prune` and `schedule add/remove`
+/// wrote no audit row.
+#[test]
+fn show_says_why_a_job_waits_stats_lists_paused_queues_and_every_change_is_audited() {
+    let (_dir, db, store) = fresh();
+    let enqueue = |job: NewJob| block(store.enqueue(&job, Utc::now())).unwrap().job.id;
+    let held = enqueue(NewJob::new("a", "noop", json!({})));
+    let free = enqueue(NewJob::new("b", "noop", json!({})));
+    let psp = enqueue(NewJob::new("b", "noop", json!({})).dependency("psp"));
+    let later = enqueue(
+        NewJob::new("b", "noop", json!({})).run_at(Utc::now() + chrono::Duration::minutes(5)),
+    );
+    ok(&redrive(&db, &["queue", "pause", "a"]));
+    ok(&redrive(&db, &["breakers", "force", "psp", "open"]));
+    let why = |id: i64| -> Vec<String> {
+        let v = ok(&redrive(&db, &["show", &id.to_string(), "--json"]));
+        v["waiting_because"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["reason"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(why(held), ["queue_paused"]);
+    assert_eq!(why(free), Vec::<String>::new());
+    assert_eq!(why(psp), ["breaker_open"]);
+    assert_eq!(why(later), ["run_at"]);
+    let t = text(&redrive(&db, &["show", &held.to_string()]));
+    assert!(t.contains("waiting    queue paused (by ops-alice)"), "{t}");
+    let t = text(&redrive(&db, &["show", &psp.to_string()]));
+    assert!(
+        t.contains("waiting    breaker open (forced by an operator)"),
+        "{t}"
+    );
+
+    let stats = ok(&redrive(&db, &["stats", "--json"]));
+    assert_eq!(stats["paused_queues"][0]["queue"], "a", "{stats}");
+    assert_eq!(stats["paused_queues"].as_array().unwrap().len(), 1);
+    let t = text(&redrive(&db, &["stats"]));
+    assert!(t.contains("queue a is paused"), "{t}");
+    ok(&redrive(&db, &["queue", "resume", "a"]));
+    assert_eq!(why(held), Vec::<String>::new());
+
+    // Schedules and prune are operator changes too.
+    ok(&redrive(
+        &db,
+        &[
+            "schedule",
+            "add",
+            "nightly",
+            "--cron",
+            "0 0 3 * * *",
+            "--queue",
+            "a",
+            "--kind",
+            "noop",
+        ],
+    ));
+    ok(&redrive(&db, &["schedule", "remove", "nightly"]));
+    ok(&redrive(&db, &["prune", "--older-than", "1h", "--dry-run"]));
+    ok(&redrive(&db, &["prune", "--older-than", "1h"]));
+    let audit = ok(&redrive(&db, &["audit", "--json"]));
+    let rows = audit["audit"].as_array().unwrap();
+    let actions: Vec<&str> = rows.iter().map(|r| r["action"].as_str().unwrap()).collect();
+    assert_eq!(
+        actions[..3],
+        ["prune", "schedule_remove", "schedule_add"],
+        "newest first; the dry run wrote none: {audit}"
+    );
+    assert!(
+        rows[..3].iter().all(|r| r["actor"] == "ops-alice"),
+        "{audit}"
+    );
+    assert_eq!(rows[1]["target"]["name"], "nightly");
+    assert_eq!(rows[2]["target"]["cron"], "0 0 3 * * *");
 }

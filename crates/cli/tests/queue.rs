@@ -547,3 +547,112 @@ fn jobs_and_show_by_key() {
     let v = ok(&redrive(&db, &["show", &a.to_string(), "--json"]));
     assert_eq!(v["job"]["key"], "order-4711");
 }
+
+/// Issue 37: `enqueue` had no flag for a job's attempt budget, and the workers ignored the
+/// stored one.
+#[test]
+fn enqueue_max_attempts_is_enforced_by_work_and_shown_by_show() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite:{}", dir.path().join("q.db").display());
+    let base = [
+        "enqueue",
+        "--queue",
+        "payments",
+        "--kind",
+        "http",
+        "--payload",
+        // Nothing listens on port 9: connection refused, an infrastructure failure.
+        r#"{"method":"POST","url":"http://127.0.0.1:9/v1/charges"}"#,
+    ];
+    let with = |extra: &[&'static str]| -> Vec<&str> {
+        base.iter().copied().chain(extra.iter().copied()).collect()
+    };
+    ok(&redrive(&db, &["migrate"]));
+    for bad in ["0", "lots", "-2"] {
+        err(
+            &redrive(&db, &with(&["--max-attempts", bad])),
+            2,
+            "--max-attempts",
+        );
+    }
+    // Above the policy's total (payment: 15) it could never be reached: refused.
+    let o = redrive(&db, &with(&["--max-attempts", "16"]));
+    err(&o, 2, "--max-attempts");
+    assert!(err_text(&o, 2).contains("15"), "names the policy's limit");
+    assert_eq!(
+        ok(&redrive(&db, &["jobs", "--json"]))["jobs"],
+        serde_json::json!([]),
+        "nothing stored"
+    );
+
+    let a = ok(&redrive(
+        &db,
+        &with(&["--key", "m1", "--max-attempts", "3", "--json"]),
+    ));
+    assert_eq!(a["job"]["max_attempts"], 3);
+    let id = a["job"]["id"].to_string();
+    let o = redrive(&db, &["work", "--until-idle"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let shown = redrive(&db, &["show", &id]);
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert!(text.contains("attempts   3/3"), "{text}");
+    assert!(text.contains("dead (attempts_exhausted)"), "{text}");
+    let j = ok(&redrive(&db, &["show", &id, "--json"]));
+    assert_eq!(j["job"]["attempts"], 3, "{j}");
+    assert_eq!(j["attempts"].as_array().unwrap().len(), 3, "{j}");
+}
+
+/// Issue 37: a 422 whose body explained it ("invalid amount") was kept as `POST … → 422`
+/// only; the operator reading the dead letter could not see why.
+#[test]
+fn a_refused_charge_keeps_the_psps_answer_redacted_in_show() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let sim = rt
+        .block_on(redrive_psp_sim::PspSim::builder().start("127.0.0.1:0"))
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite:{}", dir.path().join("q.db").display());
+    let payload = serde_json::json!({
+        "method": "POST", "url": format!("{}/v1/charges", sim.url()),
+        "headers": {"Authorization": "Bearer sk_live_hidden"},
+        "body": {"amount": -5, "currency": "EUR", "reference": "4111 1111 1111 1111"},
+    });
+    let a = ok(&redrive(
+        &db,
+        &[
+            "enqueue",
+            "--queue",
+            "pay",
+            "--kind",
+            "http",
+            "--key",
+            "refused",
+            "--payload",
+            &payload.to_string(),
+            "--json",
+        ],
+    ));
+    let id = a["job"]["id"].to_string();
+    let o = redrive(&db, &["work", "--until-idle"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let j = ok(&redrive(&db, &["show", &id, "--json"]));
+    assert_eq!(j["job"]["state"], "dead", "{j}");
+    let answer = j["attempts"][0]["response"]
+        .as_str()
+        .expect("an answer kept");
+    assert!(answer.contains("invalid amount"), "{answer}");
+    assert!(answer.len() <= 2048);
+    let text = String::from_utf8_lossy(&redrive(&db, &["show", &id]).stdout).into_owned();
+    assert!(text.contains("answer     {"), "{text}");
+    assert!(text.contains("invalid amount"), "{text}");
+    assert!(
+        text.contains("answered: "),
+        "on the attempt's line too: {text}"
+    );
+    assert!(!text.contains("sk_live_hidden"), "{text}");
+    rt.block_on(sim.shutdown());
+}

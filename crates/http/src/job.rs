@@ -335,6 +335,14 @@ impl HttpJob {
                 "{shown} → {code}: declined ({})",
                 advice.describe()
             ));
+            if a.response.is_none()
+                && let Some(body) = a.result.get("body").filter(|b| !b.is_null())
+            {
+                // A decline in a 2xx: its body is still what the PSP said.
+                let text = crate::redact::redact_value(body).to_string();
+                let cut = redrive_store::excerpt(&text, redrive_store::MAX_RESPONSE_EXCERPT);
+                a.response = Some(cut.to_owned());
+            }
         }
         a
     }
@@ -425,6 +433,7 @@ impl HttpJob {
                     "{shown} → {code}, but the body {err} after {} bytes",
                     body.bytes.len()
                 )),
+                response: None,
             };
         }
         let redirect = (300..400).contains(&code) && !self.status.overrides().contains_key(&code);
@@ -447,11 +456,17 @@ impl HttpJob {
             }
             e
         });
+        // What the PSP said about a failure ("invalid amount: -5"), redacted and cut: kept with
+        // the attempt for the operator.
+        let response = (outcome != Outcome::Success)
+            .then(|| crate::redact::response_excerpt(kept, redrive_store::MAX_RESPONSE_EXCERPT))
+            .flatten();
         Attempted {
             error,
             result,
             http_status: Some(code),
             outcome,
+            response,
         }
     }
 }

@@ -402,6 +402,81 @@ pub fn redact_text(text: &str) -> String {
     mask_pans(&redact_schemes_in(&with_params))
 }
 
+/// What a dependency answered, as it may be kept with a failed attempt and shown: the body
+/// redacted, then cut to `max` bytes on a character boundary. A JSON body goes through
+/// [`redact_value`] and is written compactly; any other body (text, or JSON cut short by the
+/// 64 KiB read limit) through [`redact_text`], with the string values of secret or card
+/// members (`"token": "…"`) replaced too. Redaction comes first, so that the cut cannot leave
+/// a partial card number that no longer looks like one. `None` for an empty body.
+///
+/// ```
+/// use redrive_http::redact::response_excerpt;
+/// let e = response_excerpt(br#"{"error": "card 4111111111111111: invalid amount -5"}"#, 2048);
+/// assert_eq!(e.as_deref(), Some(r#"{"error":"card ************1111: invalid amount -5"}"#));
+/// let e = response_excerpt(br#"{"client_secret": "pi_1_secret_2", "msg": "bad"#, 2048);
+/// assert_eq!(e.as_deref(), Some(r#"{"client_secret": "[redacted]", "msg": "bad"#));
+/// assert_eq!(response_excerpt("é".repeat(10).as_bytes(), 5).as_deref(), Some("éé"));
+/// assert_eq!(response_excerpt(b"  ", 2048), None);
+/// ```
+pub fn response_excerpt(body: &[u8], max: usize) -> Option<String> {
+    let shown = match serde_json::from_slice::<Value>(body) {
+        Ok(v) => redact_value(&v).to_string(),
+        Err(_) => {
+            let text = String::from_utf8_lossy(body);
+            redact_text(&redact_json_members_in(text.trim()))
+        }
+    };
+    let cut = redrive_store::excerpt(shown.trim(), max);
+    (!cut.is_empty()).then(|| cut.to_owned())
+}
+
+/// JSON-looking text (not parseable as a whole) with the string value of every secret or card
+/// member (`"name": "value"`) replaced by [`REDACTED`].
+fn redact_json_members_in(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(open) = rest.find('"') {
+        // A quoted name…
+        let Some(close) = rest[open + 1..].find('"').map(|i| open + 1 + i) else {
+            break;
+        };
+        let name = &rest[open + 1..close];
+        let after = &rest[close + 1..];
+        let colon = after.trim_start();
+        // …followed by `:` and a quoted value.
+        if let Some(value) = colon.strip_prefix(':').map(str::trim_start)
+            && value.starts_with('"')
+            && is_secret_name(name)
+        {
+            let value_at = rest.len() - value.len();
+            out.push_str(&rest[..value_at]);
+            out.push('"');
+            out.push_str(REDACTED);
+            out.push('"');
+            // The value's end: the next unescaped quote, or the end of the text (cut short).
+            let body = &value[1..];
+            let mut end = body.len();
+            let mut escaped = false;
+            for (i, c) in body.char_indices() {
+                match c {
+                    '\\' if !escaped => escaped = true,
+                    '"' if !escaped => {
+                        end = i + 1;
+                        break;
+                    }
+                    _ => escaped = false,
+                }
+            }
+            rest = &body[end..];
+            continue;
+        }
+        out.push_str(&rest[..=close]);
+        rest = &rest[close + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Characters that end a URL inside free text.
 fn ends_url(c: char) -> bool {
     c.is_whitespace() || matches!(c, '"' | '\'' | '<' | '>' | '`' | '\\')
@@ -726,5 +801,40 @@ mod tests {
         assert!(glob("*token*", "token"));
         assert!(glob("x-auth*", "x-auth"));
         assert!(!glob("cookie", "cookies"));
+    }
+}
+
+#[cfg(test)]
+mod response_excerpt_tests {
+    use super::*;
+
+    #[test]
+    fn a_body_cut_short_is_redacted_before_it_is_cut_and_stays_within_the_limit() {
+        // JSON cut by the 64 KiB read: not parseable, so the text path must still hide the
+        // secret member and the card number.
+        let mut body = String::from(
+            r#"{"error": "declined", "client_secret": "pi_3_secret_x", "note": "card 4111 1111 1111 1111", "pad": ""#,
+        );
+        body.push_str(&"x".repeat(5000));
+        let e = response_excerpt(body.as_bytes(), 2048).unwrap();
+        assert!(e.len() <= 2048, "{}", e.len());
+        assert!(!e.contains("pi_3_secret_x"), "{e}");
+        assert!(!e.contains("4111 1111 1111 1111"), "{e}");
+        assert!(e.contains("**** **** **** 1111"), "{e}");
+        assert!(e.starts_with(r#"{"error": "declined""#), "{e}");
+        // A parseable body: secret members by name, at any depth.
+        let e = response_excerpt(br#"{"a": {"Authorization": "Bearer x"}}"#, 2048).unwrap();
+        assert_eq!(e, r#"{"a":{"Authorization":"[redacted]"}}"#);
+    }
+
+    #[test]
+    fn a_card_number_across_the_cut_is_masked_not_left_partly_visible() {
+        // A card number across the 2 KiB mark: cut first, its first seven digits would be
+        // kept, too short to be recognised as a card number and masked.
+        let body = format!("{} 4111111111111111", "y".repeat(2040));
+        let e = response_excerpt(body.as_bytes(), 2048).unwrap();
+        assert_eq!(e.len(), 2048);
+        assert!(!e.contains("4111111"), "{e}");
+        assert!(e.ends_with(" *******"), "{e}");
     }
 }

@@ -280,7 +280,10 @@ pub struct JobRequest {
     pub key: Option<String>,
     /// The priority; 0 when not given.
     pub priority: Option<i32>,
-    /// The attempt budget; the policy's when not given.
+    /// The attempt budget; the policy's when not given. It may lower the policy's budget
+    /// (both phases, [`redrive_policy::RetryPolicy::total_max_attempts`]), never raise it: a
+    /// larger value is refused, and the runtime runs the smaller of the two
+    /// ([`redrive_policy::RetryPolicy::limited_to`]).
     pub max_attempts: Option<u32>,
     /// The dependency (breaker) name; for `http` jobs the URL's host when not given.
     pub dependency: Option<String>,
@@ -325,7 +328,7 @@ impl JobRequest {
         job.quota_key = self.quota_key;
         job.priority = self.priority.unwrap_or(0);
         if let Some(n) = self.max_attempts {
-            job.max_attempts = n;
+            job.max_attempts = check_max_attempts(n, policy)?;
         }
         job.dependency = dependency;
         job.run_at = match self.run_at {
@@ -349,6 +352,31 @@ impl JobRequest {
         validate_new_job(&job, now)?;
         Ok(job)
     }
+}
+
+/// A job's own attempt budget: from 1 to its policy's total
+/// ([`redrive_policy::RetryPolicy::total_max_attempts`]). A larger one would be stored and
+/// never reached (the policy's hard limit wins), so it is refused rather than kept silently.
+///
+/// # Errors
+/// [`EnqueueError::Invalid`] for field `max_attempts`, naming the policy and its limit.
+pub fn check_max_attempts(
+    n: u32,
+    policy: &redrive_policy::RetryPolicy,
+) -> Result<u32, EnqueueError> {
+    let limit = policy.total_max_attempts();
+    if n == 0 || n > limit {
+        return Err(EnqueueError::invalid(
+            "max_attempts",
+            &n.to_string(),
+            format!(
+                "must be from 1 to {limit}, the most policy {:?} allows (a job may lower its \
+                 policy's budget, not raise it)",
+                policy.name()
+            ),
+        ));
+    }
+    Ok(n)
 }
 
 /// Compares a job with the one the store returned for its queue and key: the same kind and

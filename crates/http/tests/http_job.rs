@@ -207,9 +207,18 @@ async fn a_decline_is_dead_at_once_and_a_refused_connection_is_infrastructure() 
         (j.state, j.dead_reason.map(|r| r.as_str()), j.attempts),
         (JobState::Dead, Some("permanent"), 1)
     );
-    assert_eq!(s.attempts(bad).await.unwrap()[0].http_status, Some(422));
+    let refused = &s.attempts(bad).await.unwrap()[0];
+    assert_eq!(refused.http_status, Some(422));
+    // What the PSP said is kept with the attempt (issue 37), the error line stays short.
+    let answer = refused.response.as_deref().expect("the 422's body is kept");
+    assert!(answer.contains("invalid amount"), "{answer}");
+    assert!(!refused.error.as_deref().unwrap().contains("invalid amount"));
     let a = s.attempts(down).await.unwrap();
     assert!(!a.is_empty(), "the refused connection was attempted");
+    assert!(
+        a.iter().all(|a| a.response.is_none()),
+        "no answer, none kept"
+    );
     assert!(
         a.iter().all(|a| a.class.as_str() == "infrastructure"),
         "{a:?}"
@@ -227,4 +236,36 @@ fn secrets_are_redacted_for_display() {
     assert_eq!(r["headers"]["Authorization"], "[redacted]");
     assert_eq!(r["headers"]["X-Api-Key"], "[redacted]");
     assert_eq!(r["headers"]["Accept"], "json");
+}
+
+/// Issue 37: a job's own `max_attempts` was stored and ignored (only the lease-expiry rescue
+/// read it); the runtime ran the policy's 10 attempts and 5 defers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_job_max_attempts_of_3_makes_exactly_3_attempts_then_dead_letters() {
+    let (s, _d) = store().await;
+    // The payment policy allows 15 attempts (10, then 5 defers); nothing listens on port 9.
+    let job = charge("http://127.0.0.1:9", 100, "m1").max_attempts(3);
+    let id = s.enqueue(&job, chrono::Utc::now()).await.unwrap().job.id;
+    let worker = Worker::builder(s.clone(), vec!["payments".into()])
+        .handler("http", Arc::new(HttpJob::default()))
+        .seed(5)
+        .build()
+        .unwrap();
+    // Payment's first delays are slept in process (full jitter of 200 ms, 400 ms): one run.
+    let summary = worker.run_until_idle().await.unwrap();
+    let j = s.get(id).await.unwrap().unwrap();
+    assert_eq!(
+        (j.state, j.dead_reason.map(|r| r.as_str()), j.attempts),
+        (JobState::Dead, Some("attempts_exhausted"), 3),
+        "{summary:?}"
+    );
+    let a = s.attempts(id).await.unwrap();
+    assert_eq!(a.len(), 3, "{a:?}");
+    assert!(
+        a.iter()
+            .all(|a| a.class.as_str() == "infrastructure" && a.counted)
+    );
+    // Nothing is left for a later run.
+    assert_eq!(worker.run_until_idle().await.unwrap().attempts, 0);
+    assert_eq!(s.attempts(id).await.unwrap().len(), 3);
 }

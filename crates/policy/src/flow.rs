@@ -536,6 +536,24 @@ impl FlowRow {
             BreakerMode::ForcedClosed => BreakerState::Closed,
         }
     }
+
+    /// The state as screens show it: the [`effective_state`](Self::effective_state), marked
+    /// `(forced)` when an operator forced it, so a forced-open breaker never reads `closed`.
+    ///
+    /// ```
+    /// use redrive_policy::{BreakerMode, FlowRow};
+    /// let mut f = FlowRow::default();
+    /// assert_eq!(f.state_label(), "closed");
+    /// f.mode = BreakerMode::ForcedOpen;
+    /// assert_eq!(f.state_label(), "open (forced)");
+    /// ```
+    pub fn state_label(&self) -> &'static str {
+        match self.mode {
+            BreakerMode::Normal => self.state.as_str(),
+            BreakerMode::ForcedOpen => "open (forced)",
+            BreakerMode::ForcedClosed => "closed (forced)",
+        }
+    }
 }
 
 /// An event applied to the shared row.

@@ -338,6 +338,40 @@ impl RetryPolicy {
             .saturating_add(self.defer.as_ref().map_or(0, |d| d.max_defers))
     }
 
+    /// This policy with its attempt budget lowered to a job's own limit (`max_attempts` given
+    /// at enqueue): the smaller of the two wins, so a job can ask for fewer attempts than its
+    /// policy allows, never more.
+    ///
+    /// The retry phase comes first: a limit at or below `retry.max_attempts` ends the retry
+    /// phase there and drops the defer phase (the job dies `attempts_exhausted`); a larger one
+    /// keeps the retry phase and shortens the defer phase to the attempts left (the job dies
+    /// `defers_exhausted`). A limit of 0, or at or above [`Self::total_max_attempts`], leaves
+    /// the policy as it is.
+    ///
+    /// ```
+    /// use redrive_policy::RetryPolicy;
+    /// let p = RetryPolicy::payment(); // 10 attempts, then 5 defers
+    /// assert_eq!(p.limited_to(3).total_max_attempts(), 3);
+    /// assert!(p.limited_to(3).defer().is_none());
+    /// assert_eq!(p.limited_to(12).defer().unwrap().max_defers(), 2);
+    /// assert_eq!(p.limited_to(99).total_max_attempts(), 15);
+    /// ```
+    pub fn limited_to(&self, max_attempts: u32) -> std::borrow::Cow<'_, RetryPolicy> {
+        use std::borrow::Cow;
+        if max_attempts == 0 || max_attempts >= self.total_max_attempts() {
+            return Cow::Borrowed(self);
+        }
+        let mut p = self.clone();
+        if max_attempts <= p.retry.max_attempts {
+            p.retry.max_attempts = max_attempts;
+            p.defer = None;
+        } else if let Some(d) = &mut p.defer {
+            // Between the retry phase's attempts and the total: at least one defer is left.
+            d.max_defers = max_attempts - p.retry.max_attempts;
+        }
+        Cow::Owned(p)
+    }
+
     /// The absolute deadline of a job enqueued (or replayed) at `now`.
     pub fn deadline_from(&self, now: Timestamp) -> Option<Timestamp> {
         self.deadline.map(|d| add(now, d))

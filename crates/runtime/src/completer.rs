@@ -202,6 +202,7 @@ mod tests {
                 http_status: None,
                 error: None,
                 counted: true,
+                response: None,
             }),
             counters: JobCounters {
                 attempts,

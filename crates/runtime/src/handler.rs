@@ -55,6 +55,10 @@ pub struct Attempted {
     pub http_status: Option<u16>,
     /// Error text (redact secrets before returning it).
     pub error: Option<String>,
+    /// For a failure: what the dependency answered, an excerpt of its response body (redact
+    /// secrets and card numbers before returning it). Stored with the attempt, cut to
+    /// `redrive_store::MAX_RESPONSE_EXCERPT` bytes, and shown to the operator beside the error.
+    pub response: Option<String>,
 }
 
 impl Attempted {
@@ -65,6 +69,7 @@ impl Attempted {
             result,
             http_status: None,
             error: None,
+            response: None,
         }
     }
     /// A failure of the given outcome with an error text.
@@ -74,6 +79,7 @@ impl Attempted {
             result: serde_json::Value::Null,
             http_status: None,
             error: Some(error.into()),
+            response: None,
         }
     }
     /// A card decline with the network's advice: the card networks' reattempt rules decide what
@@ -93,6 +99,21 @@ impl Attempted {
     /// The same, with the HTTP status that caused it.
     pub fn with_status(mut self, status: u16) -> Self {
         self.http_status = Some(status);
+        self
+    }
+    /// The same, with what the dependency answered (an excerpt of its response body, already
+    /// redacted): kept with a failed attempt so the operator sees why it failed.
+    ///
+    /// ```
+    /// use redrive_policy::Outcome;
+    /// use redrive_runtime::Attempted;
+    /// let a = Attempted::failure(Outcome::Permanent, "POST /v1/charges → 422")
+    ///     .with_status(422)
+    ///     .with_response(r#"{"error":"invalid amount: -5"}"#);
+    /// assert!(a.response.unwrap().contains("invalid amount"));
+    /// ```
+    pub fn with_response(mut self, excerpt: impl Into<String>) -> Self {
+        self.response = Some(excerpt.into());
         self
     }
 }

@@ -435,9 +435,11 @@ pub(crate) async fn get_job(
     let id = parse_id(&id)?;
     let job = job_or_404(&state.inner.store, id).await?;
     let attempts = state.inner.store.attempts(id).await?;
+    let waiting = state.inner.store.waiting_because(&job).await?;
     Ok(Json(JobDetail {
         job: job.into(),
         attempts: attempts.into_iter().map(AttemptView::from).collect(),
+        waiting_because: waiting.into_iter().map(WaitingView::from).collect(),
     }))
 }
 
@@ -555,7 +557,9 @@ pub(crate) async fn breaker_views(
     if let Some((offset, limit)) = range {
         // The ones that need attention first (not closed, or paused), then by name.
         let quiet = |d: &redrive_store::Dependency| {
-            d.flow.state == redrive_policy::BreakerState::Closed && d.flow.paused_until.is_none()
+            d.flow.effective_state() == redrive_policy::BreakerState::Closed
+                && d.flow.mode == redrive_policy::BreakerMode::Normal
+                && d.flow.paused_until.is_none()
         };
         deps.sort_by(|a, b| (quiet(a), &a.name).cmp(&(quiet(b), &b.name)));
         deps = deps.into_iter().skip(offset).take(limit).collect();
@@ -614,7 +618,9 @@ pub(crate) async fn stats(
     let more_unhandled = unhandled.len().saturating_sub(limit);
     unhandled.truncate(limit);
     let (breakers, total) = breaker_views(store, Some((0, limit))).await?;
+    let paused = store.paused_queues().await?;
     Ok(Json(StatsResponse {
+        paused_queues: paused.into_iter().map(Into::into).collect(),
         counts: counts.into_iter().map(CountView::from).collect(),
         more: crate::views::MoreView {
             queues: more_queues,
@@ -903,7 +909,7 @@ impl Modify for BearerAuth {
         crate::operator::run_now, crate::operator::bulk, crate::operator::audit
     ),
     components(schemas(
-        EnqueueRequest, EnqueueResponse, JobView, AttemptView, JobPage, JobDetail, StateName,
+        EnqueueRequest, EnqueueResponse, JobView, AttemptView, JobPage, JobDetail, WaitingView, StateName,
         CountView, BreakerView, TransitionView, BreakersResponse, StatsResponse, Health, ProblemBody,
         UnhandledView, WorkerView, WorkersResponse, crate::views::MoreView,
         crate::idempotency::IdempotencyRecordView, crate::idempotency::IdempotencyPage,

@@ -48,7 +48,10 @@ pub use operator::{
     AuditPage, AuditView, BulkRequest, BulkResponse, DependencyPauseRequest, ForceRequest,
     PausedQueueView, PausedQueuesResponse, QueueStateView,
 };
-pub use schedules::{ScheduleList, ScheduleRequest, ScheduleUpsert, ScheduleView, schedule_spec};
+pub use schedules::{
+    ScheduleList, ScheduleRequest, ScheduleUpsert, ScheduleView,
+    audit_target as schedule_audit_target, schedule_spec,
+};
 pub use server::{app, check_exposure, serve, serve_listener};
 pub use session::{BEARER_FAILURES_PER_MINUTE, DEFAULT_SESSION_TTL, LOGIN_FAILURES_PER_MINUTE};
 pub use state::{

@@ -6,11 +6,11 @@
 //! --workers`), each tick enqueuing exactly one job fleet-wide, keyed
 //! `schedule:NAME:TICK`; see `redrive_store`'s schedule docs.
 
-use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use chrono::{DateTime, Utc};
 use redrive_http::{EnqueueError, JobRequest};
 use redrive_policy::PolicySet;
@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
+use crate::auth::Identity;
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -201,6 +202,14 @@ pub fn schedule_spec(
     Ok(spec)
 }
 
+/// What the audit trail keeps of a schedule added or replaced.
+pub fn audit_target(s: &Schedule, created: bool) -> Value {
+    serde_json::json!({
+        "name": s.name, "cron": s.cron, "queue": s.queue, "kind": s.kind,
+        "replaced": !created,
+    })
+}
+
 /// List the schedules.
 #[utoipa::path(
     get, path = "/v1/schedules", tag = "schedules",
@@ -236,6 +245,7 @@ pub(crate) async fn list(State(state): State<AppState>) -> Result<Json<ScheduleL
 )]
 pub(crate) async fn upsert(
     State(state): State<AppState>,
+    who: Option<Extension<Identity>>,
     body: Body,
 ) -> Result<Response, ApiError> {
     let body = crate::api::read_body(body).await?;
@@ -253,6 +263,13 @@ pub(crate) async fn upsert(
     let spec =
         schedule_spec(&state.inner.policies, &r, now).map_err(crate::api::enqueue_problem)?;
     let (sched, created) = state.inner.store.upsert_schedule(&spec, "api", now).await?;
+    // An operator change: audited like a pause or a forced breaker.
+    let who = crate::operator::actor(who.as_ref().map(|e| &e.0), "api");
+    state
+        .inner
+        .store
+        .record_audit(&who, "schedule_add", &audit_target(&sched, created), 1, now)
+        .await?;
     let status = if created {
         StatusCode::CREATED
     } else {
@@ -281,9 +298,16 @@ pub(crate) async fn upsert(
 )]
 pub(crate) async fn remove(
     State(state): State<AppState>,
+    who: Option<Extension<Identity>>,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     if state.inner.store.remove_schedule(&name).await? {
+        let who = crate::operator::actor(who.as_ref().map(|e| &e.0), "api");
+        let target = serde_json::json!({ "name": name });
+        let store = &state.inner.store;
+        store
+            .record_audit(&who, "schedule_remove", &target, 1, state.now())
+            .await?;
         Ok(StatusCode::NO_CONTENT)
     } else {
         let mut e = ApiError::not_found(format!("no schedule named {name:?}"));

@@ -188,6 +188,10 @@ pub struct AttemptView {
     pub mode: Option<String>,
     /// Whether it counted against `max_attempts`.
     pub counted: bool,
+    /// What the dependency answered to a failed attempt: an excerpt of its response body
+    /// (redacted, at most 2 KiB). Absent when there was no answer or it succeeded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub response: Option<String>,
 }
 
 impl From<Attempt> for AttemptView {
@@ -207,6 +211,7 @@ impl From<Attempt> for AttemptView {
             delay_ms: a.delay.map(millis),
             mode: a.mode.map(|m| m.as_str().to_owned()),
             counted: a.counted,
+            response: a.response.as_deref().map(redrive_http::redact::redact_text),
         }
     }
 }
@@ -261,7 +266,9 @@ pub struct EnqueueRequest {
     /// Priority: lower runs first (default 0), -1000000..=1000000.
     #[schema(minimum = -1_000_000, maximum = 1_000_000)]
     pub priority: Option<i32>,
-    /// Attempts allowed (default: the policy's), 1..=10000.
+    /// Attempts allowed (default: the policy's total, both phases). It may lower the policy's
+    /// budget, never raise it: a value above the policy's total (`payment`: 15) is refused
+    /// with 422, and the workers stop the job after this many attempts.
     #[schema(minimum = 1, maximum = 10000)]
     pub max_attempts: Option<u32>,
     /// The card key the networks' reattempt quotas count against: a card fingerprint or a
@@ -314,6 +321,33 @@ pub struct JobDetail {
     pub job: JobView,
     /// Its attempts, oldest first (across replays).
     pub attempts: Vec<AttemptView>,
+    /// Why the job, waiting to run (scheduled, available, deferred), is not being run: its
+    /// queue paused, its dependency's breaker open or paused, a rate limit, its `run_at` in
+    /// the future. Read from those rows when asked; empty when nothing holds it back, or
+    /// when it is running or finished.
+    pub waiting_because: Vec<WaitingView>,
+}
+
+/// One reason a job waits.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct WaitingView {
+    /// `queue_paused`, `breaker_open`, `breaker_probing`, `dependency_paused`,
+    /// `rate_limited` or `run_at`.
+    pub reason: String,
+    /// The reason in words (`breaker open (forced by an operator)`).
+    pub text: String,
+    /// When it ends by itself, if it does.
+    pub until: Option<DateTime<Utc>>,
+}
+
+impl From<redrive_store::Waiting> for WaitingView {
+    fn from(w: redrive_store::Waiting) -> Self {
+        Self {
+            reason: w.code().to_owned(),
+            text: w.to_string(),
+            until: w.until(),
+        }
+    }
 }
 
 /// Jobs of one queue in one state.
@@ -385,6 +419,9 @@ pub struct BreakerView {
     pub mode: String,
     /// The state calls see: the forced one, else `state`.
     pub effective_state: String,
+    /// The state as the screens show it: `effective_state`, marked ` (forced)` when an
+    /// operator forced it (`open (forced)`, `closed (forced)`), else `state`.
+    pub state_label: String,
     /// An operator paused the dependency until resumed (`paused_until` is then the year
     /// 9999).
     pub paused_until_resumed: bool,
@@ -419,6 +456,7 @@ impl BreakerView {
             rate_limit: f.rate,
             mode: f.mode.as_str().to_owned(),
             effective_state: f.effective_state().as_str().to_owned(),
+            state_label: f.state_label().to_owned(),
             paused_until_resumed: f.paused_until_resumed(),
             updated_at: d.updated_at,
             recent_transitions: transitions,
@@ -444,6 +482,9 @@ pub struct StatsResponse {
     /// runs: they will not run until such a worker starts (empty when every waiting job has
     /// one).
     pub unhandled: Vec<UnhandledView>,
+    /// Queues an operator paused (`redrive queue pause`): their jobs wait, however many the
+    /// counts show available, until resumed. Every paused queue, by name.
+    pub paused_queues: Vec<crate::operator::PausedQueueView>,
     /// What was left out by the `limit` (default 100): the quietest queues, the closed
     /// breakers, the smallest unhandled groups.
     pub more: MoreView,

@@ -226,6 +226,20 @@ async fn bad_bodies_are_problems_naming_the_field() {
             400,
             "max_attempts",
         ),
+        // Above the policy's budget (payment: 10 attempts + 5 defers) it would be stored and
+        // never reached: refused, not kept silently.
+        (
+            r#"{"queue": "q", "kind": "noop", "max_attempts": 16}"#,
+            422,
+            "max_attempts",
+        ),
+        // Fields a worker would not honour are not accepted (and so never stored).
+        (r#"{"queue": "q", "kind": "noop", "ttl": "5m"}"#, 400, "ttl"),
+        (
+            r#"{"queue": "q", "kind": "noop", "tenant": "acme"}"#,
+            400,
+            "tenant",
+        ),
         (
             r#"{"queue": "q", "kind": "noop", "policy": "nope"}"#,
             422,
@@ -962,5 +976,92 @@ async fn workers_and_unhandled_kinds_in_the_api() {
     assert!(doc["paths"]["/v1/workers"]["get"].is_object());
     assert!(doc["components"]["schemas"]["StatsResponse"]["properties"]["unhandled"].is_object());
     assert!(doc["components"]["schemas"]["WorkerView"]["properties"]["last_seen"].is_object());
+    h.cleanup().await;
+}
+
+/// A handler that fails permanently with the answer a PSP gave.
+#[derive(Debug)]
+struct Refused;
+
+impl redrive_runtime::Handler for Refused {
+    fn run(
+        &self,
+        _ctx: redrive_runtime::JobContext,
+    ) -> futures::future::BoxFuture<'static, redrive_runtime::Attempted> {
+        Box::pin(async {
+            redrive_runtime::Attempted::failure(
+                redrive_policy::Outcome::Permanent,
+                "POST https://psp.test/v1/charges → 422",
+            )
+            .with_status(422)
+            .with_response(r#"{"error":"invalid amount: -5","card":"4111 1111 1111 1111"}"#)
+        })
+    }
+}
+
+/// Issue 37: the PSP's answer in the attempt JSON; why a job waits in the job JSON; paused
+/// queues and forced breakers in `/v1/stats`; all documented.
+#[tokio::test]
+async fn job_json_says_what_the_psp_answered_and_why_a_job_waits() {
+    let h = sqlite(AppConfig::default()).await;
+    let app = h.app();
+    let now = chrono::Utc::now();
+    let enqueue = |job: NewJob| {
+        let store = h.store.clone();
+        async move { store.enqueue(&job, now).await.unwrap().job.id }
+    };
+    let refused = enqueue(NewJob::new("pay", "charge", json!({}))).await;
+    work(&h.store, "pay", "charge", std::sync::Arc::new(Refused)).await;
+    let d = send(&app, get(&format!("/v1/jobs/{refused}"))).await.json();
+    let answer = d["attempts"][0]["response"].as_str().unwrap();
+    assert!(answer.contains("invalid amount: -5"), "{d}");
+    assert!(answer.contains("**** **** **** 1111"), "masked: {d}");
+    assert!(!answer.contains("4111 1111"), "{d}");
+    assert_eq!(
+        d["waiting_because"],
+        json!([]),
+        "a dead job waits for nothing"
+    );
+
+    let held = enqueue(NewJob::new("q", "noop", json!({})).dependency("psp")).await;
+    let free = enqueue(NewJob::new("other", "noop", json!({}))).await;
+    let who = redrive_store::Actor::new("ops", "api");
+    h.store.pause_queue("q", &who, now).await.unwrap();
+    h.store
+        .operate_dependency(
+            "psp",
+            redrive_store::DependencyOp::Force(redrive_policy::BreakerMode::ForcedOpen),
+            &who,
+            now,
+        )
+        .await
+        .unwrap();
+    let d = send(&app, get(&format!("/v1/jobs/{held}"))).await.json();
+    let why: Vec<&str> = d["waiting_because"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["reason"].as_str().unwrap())
+        .collect();
+    assert_eq!(why, ["queue_paused", "breaker_open"], "{d}");
+    assert_eq!(
+        d["waiting_because"][1]["text"],
+        "breaker open (forced by an operator)"
+    );
+    let d = send(&app, get(&format!("/v1/jobs/{free}"))).await.json();
+    assert_eq!(d["waiting_because"], json!([]), "{d}");
+
+    let stats = send(&app, get("/v1/stats")).await.json();
+    assert_eq!(stats["paused_queues"][0]["queue"], "q", "{stats}");
+    assert_eq!(
+        stats["breakers"][0]["state_label"], "open (forced)",
+        "{stats}"
+    );
+    let doc = send(&app, get("/openapi.json")).await.json();
+    let schemas = &doc["components"]["schemas"];
+    assert!(schemas["StatsResponse"]["properties"]["paused_queues"].is_object());
+    assert!(schemas["JobDetail"]["properties"]["waiting_because"].is_object());
+    assert!(schemas["AttemptView"]["properties"]["response"].is_object());
+    assert!(schemas["BreakerView"]["properties"]["state_label"].is_object());
     h.cleanup().await;
 }

@@ -2,7 +2,9 @@
 //! fantoccini): a dead job is replayed from `/dead`, a worker then succeeds, and the job page
 //! shows "succeeded"; a job is found by its idempotency key through the search box, and the
 //! workers page opens from the nav; then the operator controls: the queue is paused from the
-//! overview, a breaker forced open from `/breakers`, and `/audit` names all three actions.
+//! overview, a breaker forced open from `/breakers` (which then reads "open (forced)" there
+//! and on the overview), the paused queue's job says why it waits, and `/audit` names all
+//! three actions.
 //! Screenshots go to `target/browser-artifacts/` (`dashboard.png`, `overview.png`,
 //! `audit.png`).
 //!
@@ -278,6 +280,35 @@ async fn replay_a_dead_job_from_the_dashboard() {
         .await
         .unwrap();
     assert!(shown.contains("forced open"), "{shown}");
+    // Issue 37: the state column and the overview read it as the fleet sees it (they said
+    // "closed"), and a job held by the paused queue says so (it read plain "available").
+    let state = c
+        .find(Locator::Css("tr[data-name='psp'] td.state"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(state, "open (forced)");
+    c.goto(&format!("{base}/")).await.unwrap();
+    let counts = c
+        .find(Locator::Css("#breaker-counts"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(counts.contains("0 closed"), "{counts}");
+    assert!(counts.contains("1 open (forced)"), "{counts}");
+    c.goto(&format!("{base}/jobs/{keyed}")).await.unwrap();
+    let waiting = c
+        .find(Locator::Css("#waiting"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(waiting.contains("queue paused"), "{waiting}");
     // The audit page names every action.
     c.goto(&format!("{base}/audit")).await.unwrap();
     let mut actions = Vec::new();

@@ -195,6 +195,7 @@ pub(crate) struct CompletionRow {
     pub(crate) delay_ms: Option<i64>,
     pub(crate) mode: Option<&'static str>,
     pub(crate) counted: bool,
+    pub(crate) response: Option<String>,
 }
 
 impl CompletionRow {
@@ -229,6 +230,9 @@ impl CompletionRow {
             delay_ms: c.transition.delay().map(dur_ms),
             mode: c.transition.mode().map(|m| m.as_str()),
             counted: a.is_some_and(|a| a.counted),
+            response: a
+                .and_then(|a| a.response.as_deref())
+                .map(|r| crate::model::excerpt(r, crate::model::MAX_RESPONSE_EXCERPT).to_owned()),
         }
     }
 }

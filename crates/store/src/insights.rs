@@ -36,7 +36,13 @@ pub struct DeadReasonCount {
     pub count: u64,
 }
 
-/// Dead jobs that died for the same reason with the same error signature.
+/// How much of a dead job's last answer (the response excerpt of its last attempt) decides its
+/// group: two 422s that say "invalid amount" and "card expired" are different problems, two
+/// that differ only in a long tail (a request id, a timestamp) are one.
+pub const ANSWER_PREFIX_CHARS: usize = 120;
+
+/// Dead jobs that died for the same reason with the same error signature and the same start
+/// of the dependency's last answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DeadGroup {
     /// The dead reason.
@@ -45,6 +51,9 @@ pub struct DeadGroup {
     pub signature: String,
     /// One original error text of the group.
     pub example: Option<String>,
+    /// The start of the last attempt's answer (its first [`ANSWER_PREFIX_CHARS`] characters,
+    /// normalised like the signature); `None` when the last attempt kept none.
+    pub answer: Option<String>,
     /// Jobs in the group.
     pub count: u64,
     /// Their ids (oldest first; at most `ids_per_group`).
@@ -108,8 +117,9 @@ const RATE_SQL: &str = "SELECT (started_at / $2) * $2 AS bucket, class, COUNT(*)
 const DEAD_REASONS_SQL: &str = "SELECT COALESCE(dead_reason, 'unknown') AS reason, COUNT(*) AS n \
     FROM redrive_jobs WHERE state = 'dead' GROUP BY 1 ORDER BY 2 DESC, 1";
 
-const DEAD_SCAN_SQL: &str = "SELECT id, queue, COALESCE(dead_reason, 'unknown'), last_error \
-    FROM redrive_jobs WHERE state = 'dead' AND ($1 IS NULL OR queue = $1) ORDER BY id LIMIT $2";
+const DEAD_SCAN_SQL: &str = "SELECT id, queue, COALESCE(dead_reason, 'unknown'), last_error, \
+    (SELECT a.response FROM redrive_attempts a WHERE a.job_id = j.id ORDER BY a.id DESC LIMIT 1) \
+    FROM redrive_jobs j WHERE state = 'dead' AND ($1 IS NULL OR queue = $1) ORDER BY id LIMIT $2";
 
 macro_rules! on_read_pool {
     ($self:ident, $pool:ident => $e:expr) => {
@@ -190,8 +200,8 @@ impl Store {
             .collect())
     }
 
-    /// Dead jobs (of `queue`, if given) grouped by reason and [`error_signature`] of their last
-    /// error, largest group first; each group lists at most `ids_per_group` ids. At most
+    /// Dead jobs (of `queue`, if given) grouped by reason, [`error_signature`] of their last
+    /// error and the start of their last answer ([`DeadGroup::answer`]), largest group first; each group lists at most `ids_per_group` ids. At most
     /// [`MAX_DEAD_SCAN`] dead jobs are read.
     ///
     /// # Errors
@@ -208,21 +218,28 @@ impl Store {
                 reason: "must be 1..=10000".into(),
             });
         }
-        let rows: Vec<(i64, String, String, Option<String>)> = on_read_pool!(self, pool => {
+        type Row = (i64, String, String, Option<String>, Option<String>);
+        let rows: Vec<Row> = on_read_pool!(self, pool => {
             sqlx::query_as(DEAD_SCAN_SQL)
                 .bind(queue)
                 .bind(i64::from(MAX_DEAD_SCAN))
                 .fetch_all(pool)
                 .await?
         });
-        let mut groups: BTreeMap<(String, String), DeadGroup> = BTreeMap::new();
-        for (id, q, reason, error) in rows {
+        type Key = (String, String, Option<String>);
+        let mut groups: BTreeMap<Key, DeadGroup> = BTreeMap::new();
+        for (id, q, reason, error, response) in rows {
             let signature = error.as_deref().map(error_signature).unwrap_or_default();
+            let answer = response.as_deref().map(|r| {
+                let start: String = r.chars().take(ANSWER_PREFIX_CHARS).collect();
+                error_signature(&start)
+            });
             let g = groups
-                .entry((reason.clone(), signature.clone()))
+                .entry((reason.clone(), signature.clone(), answer.clone()))
                 .or_insert_with(|| DeadGroup {
                     reason,
                     signature,
+                    answer,
                     example: error.clone(),
                     count: 0,
                     ids: Vec::new(),
@@ -242,6 +259,7 @@ impl Store {
                 .cmp(&a.count)
                 .then_with(|| a.reason.cmp(&b.reason))
                 .then_with(|| a.signature.cmp(&b.signature))
+                .then_with(|| a.answer.cmp(&b.answer))
         });
         Ok(out)
     }

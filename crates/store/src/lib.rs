@@ -64,6 +64,7 @@ mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod traceparent;
+mod waiting;
 mod workers;
 
 use std::time::Duration;
@@ -72,12 +73,14 @@ use ops::Backend as _;
 
 pub use clock::{Clock, ClockSample, ManualClock, OffsetClock, SystemClock, best_offset};
 pub use error::{Result, StoreError};
-pub use insights::{AttemptBucket, DeadGroup, DeadReasonCount, MAX_DEAD_SCAN, error_signature};
+pub use insights::{
+    ANSWER_PREFIX_CHARS, AttemptBucket, DeadGroup, DeadReasonCount, MAX_DEAD_SCAN, error_signature,
+};
 pub use model::{
     Attempt, BreakerUpdate, ClaimParams, Completion, Dependency, DependencyEvent, DependencyWrite,
     Enqueued, Job, JobId, JobState, Kinds, Lease, ListParams, MAX_BATCH, MAX_MAX_ATTEMPTS,
-    MAX_NAME_LEN, MAX_PRIORITY, MIN_PRIORITY, NewAttempt, NewJob, Page, QueueCount, Rescued,
-    Selection, Transition, check_quota_key, from_millis,
+    MAX_NAME_LEN, MAX_PRIORITY, MAX_RESPONSE_EXCERPT, MIN_PRIORITY, NewAttempt, NewJob, Page,
+    QueueCount, Rescued, Selection, Transition, check_quota_key, excerpt, from_millis,
 };
 pub use operator::{
     Actor, AuditEntry, BulkAction, BulkOutcome, DependencyOp, JobFilter, MAX_AUDIT_PAGE,
@@ -96,6 +99,7 @@ pub use seed::{Seed, SeedRows, padded_payload};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use traceparent::{TraceParent, TraceParentError};
+pub use waiting::{Waiting, waiting_because};
 pub use workers::{Unhandled, WORKER_STALE_AFTER, WorkerInfo};
 
 /// `redrive_enqueued_total{queue,kind}`: jobs created by this process's enqueues (through

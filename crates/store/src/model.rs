@@ -522,6 +522,31 @@ pub struct Attempt {
     pub mode: Option<RetryMode>,
     /// Whether it counted against `max_attempts`.
     pub counted: bool,
+    /// What the dependency answered to a failed attempt: an excerpt of the response body,
+    /// redacted by the handler and at most [`MAX_RESPONSE_EXCERPT`] bytes. `None`: no answer
+    /// (a refused connection, a success) or a handler that keeps none.
+    pub response: Option<String>,
+}
+
+/// The most bytes of a response excerpt kept with an attempt.
+pub const MAX_RESPONSE_EXCERPT: usize = 2048;
+
+/// `text` cut to at most `max` bytes on a character boundary (never inside a UTF-8 sequence).
+///
+/// ```
+/// use redrive_store::excerpt;
+/// assert_eq!(excerpt("invalid amount", 7), "invalid");
+/// assert_eq!(excerpt("né", 2), "n"); // `é` is two bytes: it is left out, not split
+/// ```
+pub fn excerpt(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// One attempt to record.
@@ -541,6 +566,9 @@ pub struct NewAttempt {
     pub error: Option<String>,
     /// Whether it counts against `max_attempts` (a first 401 does not).
     pub counted: bool,
+    /// An excerpt of the dependency's answer to a failed attempt, already redacted by the
+    /// handler; the store keeps its first [`MAX_RESPONSE_EXCERPT`] bytes ([`excerpt`]).
+    pub response: Option<String>,
 }
 
 /// Which job kinds a claim (or a worker) takes.

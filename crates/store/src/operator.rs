@@ -45,7 +45,8 @@ pub struct AuditEntry {
     /// Through what: `cli`, `api` or `dashboard`.
     pub via: String,
     /// What: `replay`, `purge`, `cancel`, `run_now`, `queue_pause`, `queue_resume`,
-    /// `dependency_pause`, `dependency_resume`, `breaker_force`.
+    /// `dependency_pause`, `dependency_resume`, `breaker_force`, `prune`, `schedule_add`,
+    /// `schedule_remove`.
     pub action: String,
     /// On what: the filter or ids of a bulk action, the queue, or the dependency and the
     /// override (a JSON object).

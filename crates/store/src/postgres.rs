@@ -48,6 +48,7 @@ fn bind_completions<'q, O>(
         .bind(col(rows, |r| r.delay_ms))
         .bind(col(rows, |r| r.mode))
         .bind(col(rows, |r| r.counted))
+        .bind(col(rows, |r| r.response.clone()))
 }
 
 /// The PostgreSQL store, optionally inside its own schema.
@@ -386,20 +387,22 @@ const COMPLETE_SQL: &str = "WITH upd AS (UPDATE redrive_jobs t SET state = v.sta
       CAST($14 AS TEXT[]), CAST($15 AS INT8[]), CAST($16 AS INT8[]), CAST($17 AS BOOL[]), \
       CAST($18 AS TEXT[]), CAST($19 AS INT8[]), CAST($20 AS INT8[]), CAST($21 AS TEXT[]), \
       CAST($22 AS INT8[]), CAST($23 AS TEXT[]), CAST($24 AS INT8[]), CAST($25 AS TEXT[]), \
-      CAST($26 AS BOOL[])) \
+      CAST($26 AS BOOL[]), CAST($27 AS TEXT[])) \
     AS v(id, token, state, attempts, exceptions, defers, consecutive_auth, prev_delay_ms, \
       first_attempt_at, run_at, defer_reason, dead_reason, last_error, result, finished_at, \
       updated_at, has_attempt, worker, started_at, duration_ms, class, http_status, error, \
-      delay_ms, mode, counted) \
+      delay_ms, mode, counted, response) \
     WHERE t.id = ANY(CAST($1 AS INT8[])) AND t.id = v.id AND t.lease_token = v.token \
     AND CASE t.state WHEN 'running' THEN TRUE ELSE FALSE END \
     RETURNING t.id, t.replays, v.token, v.has_attempt, v.worker, v.started_at, \
-      v.duration_ms, v.class, v.http_status, v.error, v.delay_ms, v.mode, v.counted), \
+      v.duration_ms, v.class, v.http_status, v.error, v.delay_ms, v.mode, v.counted, \
+      v.response), \
   ins AS (INSERT INTO redrive_attempts (job_id, number, replay, lease_token, worker, \
-      started_at, duration_ms, class, http_status, error, delay_ms, mode, counted) \
+      started_at, duration_ms, class, http_status, error, delay_ms, mode, counted, \
+      response) \
     SELECT u.id, (SELECT COUNT(*) + 1 FROM redrive_attempts a \
         WHERE a.job_id = u.id AND a.replay = u.replays), u.replays, u.token, u.worker, \
       u.started_at, u.duration_ms, u.class, u.http_status, u.error, u.delay_ms, u.mode, \
-      u.counted \
+      u.counted, u.response \
     FROM upd u WHERE u.has_attempt) \
   SELECT id FROM upd";

@@ -263,7 +263,7 @@ impl JobRow {
 }
 
 pub(crate) const ATTEMPT_COLS: &str = "id, job_id, number, replay, lease_token, worker, started_at, \
-    duration_ms, class, http_status, error, delay_ms, mode, counted";
+    duration_ms, class, http_status, error, delay_ms, mode, counted, response";
 
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct AttemptRow {
@@ -281,6 +281,7 @@ pub(crate) struct AttemptRow {
     delay_ms: Option<i64>,
     mode: Option<String>,
     counted: bool,
+    response: Option<String>,
 }
 
 impl AttemptRow {
@@ -315,6 +316,7 @@ impl AttemptRow {
                 .transpose()
                 .map_err(|e| bad("attempt mode", e))?,
             counted: self.counted,
+            response: self.response,
         })
     }
 }
@@ -537,6 +539,7 @@ mod tests {
             delay_ms: None,
             mode: mode.map(Into::into),
             counted: true,
+            response: None,
         }
     }
 

@@ -335,7 +335,8 @@ impl Backend for SqliteStore {
                     .bind(r.error.as_deref())
                     .bind(r.delay_ms)
                     .bind(r.mode)
-                    .bind(r.counted);
+                    .bind(r.counted)
+                    .bind(r.response.as_deref());
             }
             q.execute(&mut *tx).await?;
         }
@@ -427,7 +428,7 @@ const CHUNK_SIZES: usize = 8;
 
 /// Columns of the attempts' rows, in bind order.
 const ATTEMPT_COLUMNS: &str = "id, token, worker, started_at, duration_ms, class, http_status, \
-    error, delay_ms, mode, counted";
+    error, delay_ms, mode, counted, response";
 
 /// Columns of the jobs' rows, in bind order.
 const JOB_COLUMNS: &str = "id, token, state, attempts, exceptions, defers, consecutive_auth, \
@@ -439,10 +440,10 @@ const JOB_COLUMNS: &str = "id, token, state, attempts, exceptions, defers, conse
 /// looks each job up by id; the same in the jobs' update.)
 const COMPLETE_ATTEMPTS_SQL: &str = "INSERT INTO \
     redrive_attempts (job_id, number, replay, lease_token, worker, started_at, duration_ms, \
-    class, http_status, error, delay_ms, mode, counted) SELECT j.id, (SELECT COUNT(*) + 1 \
-    FROM redrive_attempts a WHERE a.job_id = j.id AND a.replay = j.replays), j.replays, \
-    j.lease_token, v.worker, v.started_at, v.duration_ms, v.class, v.http_status, v.error, \
-    v.delay_ms, v.mode, v.counted FROM v JOIN redrive_jobs j ON j.id = v.id WHERE \
+    class, http_status, error, delay_ms, mode, counted, response) SELECT j.id, (SELECT \
+    COUNT(*) + 1 FROM redrive_attempts a WHERE a.job_id = j.id AND a.replay = j.replays), \
+    j.replays, j.lease_token, v.worker, v.started_at, v.duration_ms, v.class, v.http_status, \
+    v.error, v.delay_ms, v.mode, v.counted, v.response FROM v JOIN redrive_jobs j ON j.id = v.id WHERE \
     j.lease_token = v.token AND +j.state = 'running'";
 
 /// The fenced update of a batch of completions; returns the ids that applied.

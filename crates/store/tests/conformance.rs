@@ -72,6 +72,7 @@ fn attempt(class: FailureClass, now: Timestamp) -> NewAttempt {
         http_status: None,
         error: None,
         counted: true,
+        response: None,
     }
 }
 

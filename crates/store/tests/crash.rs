@@ -26,6 +26,7 @@ fn succeed(j: &Job) -> Completion {
             http_status: None,
             error: None,
             counted: true,
+            response: None,
         }),
         counters: JobCounters {
             attempts: j.attempts + 1,

@@ -33,6 +33,19 @@ async fn run_once(
     transition: Transition,
     at: Timestamp,
 ) -> JobId {
+    run_answered(s, queue, class, error, None, transition, at).await
+}
+
+/// [`run_once`] with the dependency's answer kept with the attempt.
+async fn run_answered(
+    s: &Store,
+    queue: &str,
+    class: FailureClass,
+    error: Option<&str>,
+    response: Option<&str>,
+    transition: Transition,
+    at: Timestamp,
+) -> JobId {
     let id = s
         .enqueue(&NewJob::new(queue, "noop", json!({})), at)
         .await
@@ -62,6 +75,7 @@ async fn run_once(
             http_status: None,
             error: error.map(str::to_owned),
             counted: true,
+            response: response.map(str::to_owned),
         }),
         counters: JobCounters {
             attempts: 1,
@@ -210,11 +224,63 @@ mod cases {
             })
         ));
     }
+
+    /// Issue 37: a 422 whose body said why was kept as `POST … → 422` only; two different
+    /// refusals looked like one group.
+    pub(super) async fn the_answer_is_kept_cut_to_2_kib_and_splits_dead_groups(s: &Store) {
+        let err = "POST http://psp/v1/charges → 422";
+        let permanent = || dead(DeadReason::Permanent);
+        let f = FailureClass::Permanent;
+        let amount = r#"{"error":"invalid amount: -5"}"#;
+        let mut ids = vec![];
+        for (i, answer) in [amount, amount, r#"{"error":"card expired"}"#]
+            .iter()
+            .enumerate()
+        {
+            let at = ms(T0 + i as i64);
+            ids.push(run_answered(s, "a", f, Some(err), Some(answer), permanent(), at).await);
+        }
+        // 3000 bytes of two-byte characters: kept up to 2048 bytes, never split inside one.
+        let long = "é".repeat(1500);
+        let cut = run_answered(s, "b", f, Some(err), Some(&long), permanent(), ms(T0 + 9)).await;
+        let kept = s.attempts(cut).await.unwrap()[0].response.clone().unwrap();
+        assert_eq!(kept.len(), MAX_RESPONSE_EXCERPT, "{}", kept.len());
+        assert_eq!(kept, "é".repeat(1024));
+        assert_eq!(
+            s.attempts(ids[0]).await.unwrap()[0].response.as_deref(),
+            Some(amount)
+        );
+        // No answer (a refused connection) stays none.
+        let none = run_once(s, "a", f, Some(err), permanent(), ms(T0 + 10)).await;
+        assert_eq!(s.attempts(none).await.unwrap()[0].response, None);
+
+        let groups = s.dead_groups(Some("a"), 10).await.unwrap();
+        let got: Vec<(Option<&str>, u64)> = groups
+            .iter()
+            .map(|g| (g.answer.as_deref(), g.count))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (Some(r#"{"error":"invalid amount: -N"}"#), 2),
+                (None, 1),
+                (Some(r#"{"error":"card expired"}"#), 1),
+            ],
+            "{groups:?}"
+        );
+        assert!(
+            groups
+                .iter()
+                .all(|g| g.signature == "POST http://psp/vN/charges → N")
+        );
+        assert_eq!(groups[0].ids, ids[..2].to_vec());
+    }
 }
 
 both_backends!(
     attempt_rate_buckets_by_second_and_class,
-    dead_reasons_and_groups
+    dead_reasons_and_groups,
+    the_answer_is_kept_cut_to_2_kib_and_splits_dead_groups
 );
 
 #[test]

@@ -670,6 +670,7 @@ fn succeed(j: &redrive_store::Job, now: chrono::DateTime<chrono::Utc>) -> Comple
         http_status: None,
         error: None,
         counted: true,
+        response: None,
     };
     let counters = JobCounters {
         attempts: j.attempts + 1,

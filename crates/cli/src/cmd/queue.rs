@@ -229,6 +229,7 @@ fn new_job(
         key: a.key.clone(),
         quota_key: a.quota_key.clone(),
         priority: a.priority,
+        max_attempts: a.max_attempts,
         // `http` jobs default to the URL's host.
         dependency: a.dependency.clone(),
         run_at: match (a.delay, a.run_at) {
@@ -262,7 +263,8 @@ pub(crate) fn flag_error(e: EnqueueError) -> anyhow::Error {
         "dependency" => "dependency",
         "kind" => "kind",
         "policy" => "policy",
-        "max_attempts" | "ttl" => "policy",
+        "max_attempts" => "max-attempts",
+        "ttl" => "policy",
         _ => "queue",
     };
     if value.is_empty() {
@@ -319,7 +321,13 @@ pub(crate) fn shown(mut job: Job) -> Job {
 /// An attempt as it may be shown: its error redacted.
 fn shown_attempt(mut a: Attempt) -> Attempt {
     a.error = a.error.as_deref().map(redact_text);
+    a.response = a.response.as_deref().map(redact_text);
     a
+}
+
+/// A response excerpt on one line: whitespace runs (newlines of a pretty body) as one space.
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// A page of jobs as it may be shown.
@@ -466,6 +474,7 @@ pub(crate) fn show(global: &Global, a: ShowArgs) -> anyhow::Result<ExitCode> {
             .map(shown_attempt)
             .collect();
         let declines = store.declines(id).await?;
+        let waiting = store.waiting_because(&job).await?;
         let quota = match &job.quota_key {
             Some(k) => Some(
                 crate::cmd::quota::usage_of(
@@ -479,7 +488,10 @@ pub(crate) fn show(global: &Global, a: ShowArgs) -> anyhow::Result<ExitCode> {
             None => None,
         };
         if a.json {
-            let mut v = json!({"job": job, "attempts": attempts});
+            // The same shape as the API's `waiting_because`.
+            let why: Vec<redrive_service::WaitingView> =
+                waiting.iter().cloned().map(Into::into).collect();
+            let mut v = json!({"job": job, "attempts": attempts, "waiting_because": why});
             if !declines.is_empty() || quota.is_some() {
                 v["declines"] = serde_json::to_value(&declines)?;
                 v["quota"] = serde_json::to_value(&quota)?;
@@ -503,6 +515,10 @@ pub(crate) fn show(global: &Global, a: ShowArgs) -> anyhow::Result<ExitCode> {
                 .map(|r| format!(" ({r})"))
                 .unwrap_or_default()
         );
+        // What holds it back now (a paused queue, an open breaker, a rate limit, run_at).
+        for w in &waiting {
+            outln!("  waiting    {w}");
+        }
         outln!("  key        {}", job.key.as_deref().unwrap_or("-"));
         outln!("  dependency {}", job.dependency.as_deref().unwrap_or("-"));
         if let Some(k) = &job.quota_key {
@@ -522,6 +538,10 @@ pub(crate) fn show(global: &Global, a: ShowArgs) -> anyhow::Result<ExitCode> {
         }
         if let Some(e) = &job.last_error {
             outln!("  last error {e}");
+        }
+        // What the dependency said, from the latest attempt that kept an answer.
+        if let Some(r) = attempts.iter().rev().find_map(|a| a.response.as_deref()) {
+            outln!("  answer     {}", truncate(&one_line(r), 300));
         }
         outln!("  payload    {}", job.payload);
         if let Some(r) = &job.result {
@@ -571,6 +591,9 @@ fn print_attempts(attempts: &[Attempt]) -> anyhow::Result<()> {
                 .map(|e| format!(" — {}", truncate(e, 80)))
                 .unwrap_or_default(),
         );
+        if let Some(r) = &a.response {
+            outln!("      answered: {}", truncate(&one_line(r), 160));
+        }
     }
     Ok(())
 }
@@ -614,8 +637,7 @@ pub(crate) fn stats(global: &Global, a: StatsArgs) -> anyhow::Result<ExitCode> {
         // Those that need attention first (not closed, or paused), then by name.
         deps.sort_by_key(|d| {
             (
-                d.flow.state == redrive_policy::BreakerState::Closed
-                    && d.flow.paused_until.is_none(),
+                d.flow.state_label() == "closed" && d.flow.paused_until.is_none(),
                 d.name.clone(),
             )
         });
@@ -625,14 +647,14 @@ pub(crate) fn stats(global: &Global, a: StatsArgs) -> anyhow::Result<ExitCode> {
         unhandled.sort_by_key(|u| std::cmp::Reverse(u.jobs));
         let more_unhandled = unhandled.len().saturating_sub(limit);
         unhandled.truncate(limit);
+        let paused = store.paused_queues().await?;
         let more =
             json!({"queues": more_queues, "breakers": more_breakers, "unhandled": more_unhandled});
         if a.json {
             outln!(
                 "{}",
-                serde_json::to_string_pretty(
-                    &json!({"counts": counts, "breakers": deps, "unhandled": unhandled, "more": more})
-                )?
+                serde_json::to_string_pretty(&json!({"counts": counts, "breakers": deps,
+                    "unhandled": unhandled, "paused_queues": paused, "more": more}))?
             );
             return Ok(ExitCode::SUCCESS);
         }
@@ -662,6 +684,16 @@ pub(crate) fn stats(global: &Global, a: StatsArgs) -> anyhow::Result<ExitCode> {
         }
         if more_queues > 0 {
             outln!("… and {more_queues} more queues (the quietest; --limit shows more)");
+        }
+        // Their jobs wait however many the table shows available.
+        for p in &paused {
+            outln!(
+                "queue {} is paused (since {}, by {}): its jobs wait until `redrive queue resume {}`",
+                p.queue,
+                p.paused_at.format("%Y-%m-%d %H:%M:%S"),
+                p.paused_by,
+                p.queue
+            );
         }
         print_unhandled(&unhandled)?;
         if more_unhandled > 0 {
@@ -776,10 +808,10 @@ pub(crate) fn workers(global: &Global, a: JsonArgs) -> anyhow::Result<ExitCode> 
 }
 
 pub(crate) fn print_breakers(deps: &[redrive_store::Dependency]) -> anyhow::Result<()> {
-    use redrive_policy::{BreakerMode, BreakerState};
+    use redrive_policy::BreakerState;
     let now = chrono::Utc::now();
     outln!(
-        "{:<24} {:<10} {:<24} {:<12} PAUSED",
+        "{:<24} {:<15} {:<24} {:<12} PAUSED",
         "DEPENDENCY",
         "BREAKER",
         "NEXT PROBE",
@@ -802,12 +834,10 @@ pub(crate) fn print_breakers(deps: &[redrive_store::Dependency]) -> anyhow::Resu
             _ => "-".into(),
         };
         let rate = f.rate.map_or_else(|| "-".into(), |r| format!("{r:.1}/s"));
-        let state = match f.mode {
-            BreakerMode::Normal => f.state.as_str(),
-            m => m.as_str(),
-        };
+        // As the fleet sees it: `open (forced)` when an operator forced it.
+        let state = f.state_label();
         outln!(
-            "{:<24} {:<10} {:<24} {:<12} {paused}",
+            "{:<24} {:<15} {:<24} {:<12} {paused}",
             truncate(&d.name, 24),
             state,
             probe,

@@ -95,6 +95,21 @@ pub(crate) fn prune(global: &Global, a: PruneArgs) -> anyhow::Result<ExitCode> {
             redrive_runtime::prune(&store, &r, &cutoffs, None, &CancellationToken::new()).await?
         };
         let total: u64 = results.iter().map(|(_, p)| p.jobs).sum();
+        if !a.dry_run {
+            // An operator change: audited like a bulk purge (a dry run changes nothing).
+            let per: Vec<_> = results
+                .iter()
+                .zip(&cutoffs)
+                .map(|((st, p), (_, before))| {
+                    json!({"state": st.as_str(), "finished_before": before, "jobs": p.jobs})
+                })
+                .collect();
+            let target = json!({ "states": per });
+            let who = crate::cmd::operator::cli_actor();
+            store
+                .record_audit(&who, "prune", &target, total, now)
+                .await?;
+        }
         if a.json {
             let per: Vec<_> = results
                 .iter()
@@ -169,6 +184,11 @@ fn add(global: &Global, a: ScheduleAddArgs) -> anyhow::Result<ExitCode> {
         // The schedule's next tick is computed in the database's clock (R24).
         let now = crate::cmd::queue::db_now(&store).await;
         let (s, created) = store.upsert_schedule(&spec, "api", now).await?;
+        let target = redrive_service::schedule_audit_target(&s, created);
+        let who = crate::cmd::operator::cli_actor();
+        store
+            .record_audit(&who, "schedule_add", &target, 1, now)
+            .await?;
         if a.json {
             let view = redrive_service::ScheduleView::from(s);
             outln!(
@@ -245,6 +265,12 @@ fn remove(global: &Global, a: ScheduleRemoveArgs) -> anyhow::Result<ExitCode> {
         let mut missing = Vec::new();
         for name in &a.names {
             if store.remove_schedule(name).await? {
+                let who = crate::cmd::operator::cli_actor();
+                let target = json!({ "name": name });
+                let now = chrono::Utc::now();
+                store
+                    .record_audit(&who, "schedule_remove", &target, 1, now)
+                    .await?;
                 outln!("removed schedule {name}");
             } else {
                 missing.push(name.as_str());

@@ -1005,3 +1005,43 @@ proptest! {
         }
     }
 }
+
+/// Runs `p` against infrastructure failures until it stops; the attempts made and the end.
+fn attempts_until_dead(p: &RetryPolicy) -> (u32, Action) {
+    let mut c = JobCounters::default();
+    loop {
+        let v = p.decide(&c, &infra(), t0(), &mut rng());
+        c = v.counters;
+        if let Action::Dead { .. } = v.action {
+            return (c.attempts, v.action);
+        }
+        assert!(c.attempts <= 1000, "no end");
+    }
+}
+
+#[test]
+fn a_job_limit_below_the_retry_phase_ends_the_job_after_that_many_attempts() {
+    let p = exact().into_builder().with_defer(
+        Backoff::schedule(vec![secs(60)], secs(3600)).unwrap(),
+        Jitter::None,
+        4,
+    );
+    let p = p.build().unwrap();
+    assert_eq!(p.total_max_attempts(), 9);
+    let limited = p.limited_to(3);
+    assert_eq!(limited.total_max_attempts(), 3);
+    let dead = Action::Dead {
+        reason: DeadReason::AttemptsExhausted,
+    };
+    assert_eq!(attempts_until_dead(&limited), (3, dead));
+    // Into the defer phase: the retry phase's 5, then 2 defers.
+    let limited = p.limited_to(7);
+    let dead = Action::Dead {
+        reason: DeadReason::DefersExhausted,
+    };
+    assert_eq!(attempts_until_dead(&limited), (7, dead));
+    // The policy's own budget wins over a larger or absent limit.
+    assert_eq!(attempts_until_dead(&p.limited_to(50)).0, 9);
+    assert_eq!(attempts_until_dead(&p.limited_to(0)).0, 9);
+    assert!(matches!(p.limited_to(9), std::borrow::Cow::Borrowed(_)));
+}

@@ -118,8 +118,19 @@ struct Decided {
 }
 
 impl Run {
-    /// The policy of a job: its kind's, else its queue's, else the one it names.
+    /// The policy of a job: its kind's, else its queue's, else the one it names; its attempt
+    /// budget lowered to the job's own `max_attempts` when that is smaller
+    /// ([`RetryPolicy::limited_to`]).
     fn policy(&self, job: &Job) -> Cow<'_, RetryPolicy> {
+        match self.named_policy(job) {
+            Cow::Borrowed(p) => p.limited_to(job.max_attempts),
+            Cow::Owned(p) => Cow::Owned(p.limited_to(job.max_attempts).into_owned()),
+        }
+    }
+
+    /// The policy of a job before its own limit: its kind's, else its queue's, else the one
+    /// it names.
+    fn named_policy(&self, job: &Job) -> Cow<'_, RetryPolicy> {
         let config = &self.shared.config;
         if let Some(p) = config.kind_policies.get(&job.kind) {
             return Cow::Borrowed(p);
@@ -582,6 +593,10 @@ impl Run {
             http_status: attempted.http_status,
             error: attempted.error.clone(),
             counted: decided.verdict.counted,
+            // A success's answer is its result; only a failure keeps the excerpt.
+            response: (class != FailureClass::Success)
+                .then(|| attempted.response.clone())
+                .flatten(),
         };
         let c = Completion::new(
             claim.lease,

@@ -6,7 +6,7 @@ use chrono::Utc;
 use maud::html;
 use redrive_http::redact::redact_text;
 
-use super::format::{fmt_time, relative, state_badge, when};
+use super::format::{breaker_badge, fmt_time, relative, state_badge, when};
 use super::layout::{Page, html_response, layout};
 use super::overview::{PAGE_SIZE, page_of, pager};
 use crate::api::breaker_views;
@@ -34,7 +34,7 @@ pub(super) async fn breakers(
                     @for b in &list {
                         tr data-name=(b.name) {
                             td { (b.name) }
-                            td { (state_badge(&b.state)) }
+                            td.state { (breaker_badge(b)) }
                             td.override {
                                 @match b.mode.as_str() {
                                     "forced_open" => { strong.state-open { "forced open" } }

@@ -50,6 +50,7 @@ pub(super) async fn dead(
                         h3 { (state_badge("dead")) " " (g.reason) " — " (g.count) " job" @if g.count != 1 { "s" } }
                         p { "Error: " code.signature { (if g.signature.is_empty() { "(none)".to_owned() } else { redact_text(&g.signature) }) } }
                         @if let Some(e) = g.example.as_ref().filter(|e| **e != g.signature) { p.muted { "e.g. " (redact_text(e)) } }
+                        @if let Some(a) = &g.answer { p { "Answer: " code.answer { (redact_text(a)) } } }
                         p.muted { "Queues: " (g.queues.join(", ")) }
                         p {
                             label { input type="checkbox" data-group=(gi) onclick="var c=this.checked;var g=this.dataset.group;document.querySelectorAll('input[data-in=\"'+g+'\"]').forEach(function(x){x.checked=c;});"; " select group" }

@@ -61,6 +61,12 @@ pub(super) fn state_badge(s: &str) -> Markup {
     html! { span class=(format!("state-{s}")) { (s) } }
 }
 
+/// A breaker's state as the fleet sees it: coloured by the effective state, labelled
+/// `open (forced)` / `closed (forced)` when an operator forced it.
+pub(super) fn breaker_badge(b: &crate::views::BreakerView) -> Markup {
+    html! { span class=(format!("state-{}", b.effective_state)) { (b.state_label) } }
+}
+
 pub(super) fn duration(v: Option<std::time::Duration>) -> String {
     v.map_or("—".into(), |d| {
         fmt_dur(chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX))

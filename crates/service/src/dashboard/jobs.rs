@@ -122,6 +122,7 @@ pub(super) async fn job(
         .await?
         .ok_or(redrive_store::StoreError::JobNotFound { id })?;
     let attempts = store.attempts(id).await?;
+    let waiting = store.waiting_because(&j).await?;
     let now = Utc::now();
     let declines = store.declines(id).await?;
     let quota = match &j.quota_key {
@@ -134,6 +135,14 @@ pub(super) async fn job(
         p { "State: " strong #job-state { (state_badge(j.state.as_str())) }
             @if let Some(r) = &j.dead_reason { " — died: " strong { (r) } }
             @if let Some(r) = &j.defer_reason { " — deferred: " strong { (r) } }
+        }
+        @if !waiting.is_empty() {
+            p #waiting { "Waiting because: "
+                @for (i, w) in waiting.iter().enumerate() {
+                    @if i > 0 { "; " }
+                    strong data-reason=(w.code()) { (w) }
+                }
+            }
         }
         div {
             @if j.state == JobState::Dead {
@@ -170,6 +179,9 @@ pub(super) async fn job(
             tr { th { "Created" } td { (when(Some(j.created_at), now)) } }
             tr { th { "Finished" } td { (when(j.finished_at, now)) } }
             tr { th { "Last error" } td { (j.last_error.as_deref().map_or_else(|| "—".to_owned(), redact_text)) } }
+            @if let Some(r) = attempts.iter().rev().find_map(|a| a.response.as_deref()) {
+                tr { th { "Last answer" } td { code #last-answer { (redact_text(r)) } } }
+            }
         } }
         h2 { "Payload" span.muted { " (secret headers redacted)" } }
         pre #payload { (pretty(&payload)) }
@@ -215,6 +227,7 @@ pub(super) async fn job(
                         @if !a.counted { span.muted { " · not counted" } }
                         @if let Some(w) = &a.worker { span.muted { " · " (w) } }
                         @if let Some(e) = &a.error { br; code { (redact_text(e)) } }
+                        @if let Some(r) = &a.response { br; span.muted { "answered: " } code.answer { (redact_text(r)) } }
                     }
                 }
             }

@@ -8,7 +8,7 @@ use maud::{Markup, html};
 use redrive_store::{JobState, QueueCount};
 
 use super::chart::chart;
-use super::format::{fmt_time, jobs_link, relative, state_badge};
+use super::format::{breaker_badge, fmt_time, jobs_link, relative};
 use super::layout::{Page, html_response, layout};
 use super::{CHART_BUCKET, CHART_WINDOW};
 use crate::state::AppState;
@@ -159,7 +159,14 @@ pub(super) async fn overview(
     let reasons = store.dead_reasons().await?;
     let not_closed: Vec<&BreakerView> = breakers
         .iter()
-        .filter(|b| b.state != "closed" || b.paused_until.is_some())
+        .filter(|b| b.state_label != "closed" || b.paused_until.is_some())
+        .collect();
+    // Counted as the fleet sees them: a forced-open breaker is open, and says it is forced.
+    let count = |label: &str| breakers.iter().filter(|b| b.state_label == label).count();
+    let forced: Vec<(&str, usize)> = ["open (forced)", "closed (forced)"]
+        .into_iter()
+        .map(|l| (l, count(l)))
+        .filter(|(_, n)| *n > 0)
         .collect();
     let more_not_closed = not_closed.len().saturating_sub(PAGE_SIZE);
     let body = html! {
@@ -171,12 +178,13 @@ pub(super) async fn overview(
                 h2 { "Breakers" }
                 @if breakers.is_empty() { p.muted { "No dependency has a breaker yet." } }
                 @else {
-                    p { (breakers.iter().filter(|b| b.state == "closed").count()) " closed, "
-                        (breakers.iter().filter(|b| b.state == "open").count()) " open, "
-                        (breakers.iter().filter(|b| b.state == "half_open").count()) " half-open" }
+                    p #breaker-counts { (count("closed")) " closed, "
+                        (count("open")) " open, "
+                        (count("half_open")) " half-open"
+                        @for (label, n) in &forced { ", " (n) " " (label) } }
                     ul {
                         @for b in not_closed.iter().take(PAGE_SIZE) {
-                            li { a href="/breakers" { (b.name) } ": " (state_badge(&b.state))
+                            li { a href="/breakers" { (b.name) } ": " (breaker_badge(b))
                                 @if let Some(t) = b.next_probe_at { " · next probe " (relative(t, now)) }
                                 @if let Some(t) = b.paused_until { " · paused " (relative(t, now)) }
                             }
