@@ -591,7 +591,7 @@ fn enqueue_max_attempts_is_enforced_by_work_and_shown_by_show() {
     ));
     assert_eq!(a["job"]["max_attempts"], 3);
     let id = a["job"]["id"].to_string();
-    let o = redrive(&db, &["work", "--until-idle"]);
+    let o = redrive(&db, &["work", "--until-idle", "--allow-host", "loopback"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let shown = redrive(&db, &["show", &id]);
     let text = String::from_utf8_lossy(&shown.stdout);
@@ -637,7 +637,7 @@ fn a_refused_charge_keeps_the_psps_answer_redacted_in_show() {
         ],
     ));
     let id = a["job"]["id"].to_string();
-    let o = redrive(&db, &["work", "--until-idle"]);
+    let o = redrive(&db, &["work", "--until-idle", "--allow-host", "loopback"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let j = ok(&redrive(&db, &["show", &id, "--json"]));
     assert_eq!(j["job"]["state"], "dead", "{j}");

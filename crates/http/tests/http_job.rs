@@ -247,7 +247,7 @@ async fn a_per_job_max_attempts_of_3_makes_exactly_3_attempts_then_dead_letters(
     let job = charge("http://127.0.0.1:9", 100, "m1").max_attempts(3);
     let id = s.enqueue(&job, chrono::Utc::now()).await.unwrap().job.id;
     let worker = Worker::builder(s.clone(), vec!["payments".into()])
-        .handler("http", Arc::new(HttpJob::default()))
+        .handler("http", Arc::new(local_http()))
         .seed(5)
         .build()
         .unwrap();

@@ -217,9 +217,9 @@ pub(crate) fn payload(arg: Option<&str>) -> anyhow::Result<serde_json::Value> {
 fn new_job(
     global: &Global,
     a: &EnqueueArgs,
+    payload: serde_json::Value,
     now: chrono::DateTime<chrono::Utc>,
 ) -> anyhow::Result<NewJob> {
-    let payload = payload(a.payload.as_deref())?;
     let set = policies::load(global)?;
     let policy_name = a.policy.as_deref().unwrap_or("payment");
     let policy = set
@@ -275,12 +275,14 @@ pub(crate) fn flag_error(e: EnqueueError) -> anyhow::Error {
 }
 
 pub(crate) fn enqueue(global: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
-    // Checked before connecting (bad input needs no database), built again on its clock.
-    new_job(global, &a, chrono::Utc::now())?;
+    // Checked before connecting (bad input needs no database), built again on its clock (the
+    // payload read once: it may come from a pipe).
+    let body = payload(a.payload.as_deref())?;
+    new_job(global, &a, body.clone(), chrono::Utc::now())?;
     block_on(async move {
         let store = open(global).await?;
         let now = db_now(&store).await;
-        let job = new_job(global, &a, now)?;
+        let job = new_job(global, &a, body, now)?;
         let e = store.enqueue(&job, now).await?;
         if !e.created {
             // The same key for another request is an error, as in the API (exit 1).
