@@ -126,14 +126,7 @@ fn resolve(a: &SimulateArgs) -> anyhow::Result<SweepConfig> {
                 }
             };
             if let Some(ra) = &a.retry_after {
-                c.retry_after = match ra.trim() {
-                    "none" => None,
-                    s => Some(s.parse::<u64>().map_err(|_| {
-                        usage(format!(
-                            "invalid --retry-after {ra:?}: must be whole seconds (e.g. 1) or none"
-                        ))
-                    })?),
-                };
+                c.retry_after = parse_retry_after(ra)?;
             }
             if let Some(o) = &a.outage {
                 c.outage = Some(parse_outage(o)?);
@@ -256,5 +249,17 @@ fn flag_message(e: SimError) -> String {
             format!("invalid {flag} {value}: must be {reason}")
         }
         _ => e.to_string(),
+    }
+}
+
+/// `--retry-after`: whole seconds, or `none`.
+pub(crate) fn parse_retry_after(ra: &str) -> anyhow::Result<Option<u64>> {
+    match ra.trim() {
+        "none" => Ok(None),
+        s => s.parse::<u64>().map(Some).map_err(|_| {
+            usage(format!(
+                "invalid --retry-after {ra:?}: must be whole seconds (e.g. 1) or none"
+            ))
+        }),
     }
 }

@@ -188,17 +188,11 @@ fn resolve(a: &SimulateArgs, name: &str) -> anyhow::Result<QueueConfig> {
         let policy = set.get(PolicySet::DEFAULT_POLICY)?.clone();
         // The fleet's PSP may be changed (issue 35's second fleet: 40/s, `Retry-After: 3`,
         // 5% 5xx); the rest of the scenario is fixed.
-        let retry_after = match a.retry_after.as_deref().map(str::trim) {
-            None => Some(std::time::Duration::from_secs(1)),
-            Some("none") => None,
-            Some(s) => Some(std::time::Duration::from_secs(s.parse::<u64>().map_err(
-                |_| {
-                    usage(format!(
-                        "invalid --retry-after {s:?}: whole seconds, or none"
-                    ))
-                },
-            )?)),
-        };
+        let retry_after = match &a.retry_after {
+            None => Some(1),
+            Some(ra) => crate::cmd::simulate::parse_retry_after(ra)?,
+        }
+        .map(std::time::Duration::from_secs);
         let psp = PspModel {
             rate_limit: Some(a.capacity.unwrap_or(50.0)),
             retry_after,
