@@ -1,7 +1,7 @@
 //! The idempotency table under the crate's own migrations: a database whose table was made
 //! before (by `CREATE TABLE IF NOT EXISTS`) keeps working, and the job store's migrations and
 //! these share one database in either order (their applied versions are kept in separate
-//! tables: `_sqlx_migrations` and [`MIGRATIONS_TABLE`]).
+//! tables: `_redrive_migrations` and [`MIGRATIONS_TABLE`]).
 
 use std::sync::Arc;
 use std::time::Duration;

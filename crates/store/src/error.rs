@@ -81,6 +81,15 @@ pub enum StoreError {
         /// What was contended (e.g. `dependency "psp"`).
         what: String,
     },
+    /// None of a PostgreSQL URL's hosts is a server redrive can use (none answered, or none
+    /// has the `target_session_attrs` asked for).
+    #[error("no PostgreSQL server of the URL's hosts is usable ({target}): {tried}")]
+    NoServer {
+        /// The attributes asked for (`target_session_attrs`).
+        target: String,
+        /// Each host and what it was.
+        tried: String,
+    },
     /// The database failed (the driver's error, with its own causes, is in the message; a
     /// server error is shown by its message and SQLSTATE, without the server's source line).
     #[error("database: {}", database_text(.0))]

@@ -50,9 +50,14 @@ mod error;
 mod insights;
 mod json_ms;
 pub mod labels;
+mod migrations;
 mod model;
 mod operator;
 mod ops;
+#[cfg(feature = "postgres")]
+mod pg_server;
+#[cfg(feature = "postgres")]
+mod pg_url;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod quota;
@@ -76,6 +81,7 @@ pub use error::{Result, StoreError};
 pub use insights::{
     ANSWER_PREFIX_CHARS, AttemptBucket, DeadGroup, DeadReasonCount, MAX_DEAD_SCAN, error_signature,
 };
+pub use migrations::MIGRATIONS_TABLE;
 pub use model::{
     Attempt, BreakerUpdate, ClaimParams, Completion, Dependency, DependencyEvent, DependencyWrite,
     Enqueued, Job, JobId, JobState, Kinds, Lease, ListParams, MAX_BATCH, MAX_MAX_ATTEMPTS,
@@ -86,6 +92,8 @@ pub use operator::{
     Actor, AuditEntry, BulkAction, BulkOutcome, DependencyOp, JobFilter, MAX_AUDIT_PAGE,
     PausedQueue,
 };
+#[cfg(feature = "postgres")]
+pub use pg_url::{DEFAULT_POOL_SIZE, PgHost, PgUrl, SessionAttrs};
 #[cfg(feature = "postgres")]
 pub use postgres::PgStore;
 pub use quota::{Decline, NewDecline, QuotaTake, Reattempt, ReattemptParams, WindowUse};
@@ -189,9 +197,8 @@ impl Store {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             #[cfg(feature = "postgres")]
             {
-                let (base, schema) = split_schema(url);
                 return Ok(Store::Postgres(
-                    PgStore::connect(&base, schema.as_deref(), 16).await?,
+                    PgStore::connect_url(&PgUrl::parse(url)?).await?,
                 ));
             }
             #[cfg(not(feature = "postgres"))]

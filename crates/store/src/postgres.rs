@@ -1,15 +1,16 @@
 //! The PostgreSQL backend: `FOR UPDATE SKIP LOCKED` claims and LISTEN/NOTIFY wake-ups.
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::postgres::{PgArguments, PgConnectOptions, PgListener, PgPoolOptions, PgQueryResult};
+use sqlx::postgres::{PgArguments, PgListener, PgPoolOptions, PgQueryResult};
 use sqlx::query::QueryScalar;
 use sqlx::{Executor, PgConnection, PgPool, Postgres, Transaction};
 
 use crate::batch::CompletionRow;
 use crate::ops::Backend;
+use crate::pg_server::Servers;
+use crate::pg_url::PgUrl;
 use crate::sql::{Dialect, Sql};
 use crate::{Result, StoreError};
 
@@ -61,6 +62,10 @@ pub struct PgStore {
     /// At most [`CLAIM_CONCURRENCY`] claims of this process run at once (see there).
     claims: Arc<tokio::sync::Semaphore>,
     schema: String,
+    /// The URL's hosts and the one in use.
+    servers: Arc<Servers>,
+    /// Held by every clone: the failover watch ends once the last one is dropped.
+    alive: Arc<()>,
 }
 
 /// How many claim statements one process runs at the same time. Concurrent
@@ -71,17 +76,26 @@ pub struct PgStore {
 pub(crate) const CLAIM_CONCURRENCY: usize = 4;
 
 /// How long [`PgStore::connect`] waits for the server (and the pool for a connection).
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl PgStore {
-    /// Connects to `url` (`postgres://…`), in schema `schema` (created if missing; default
-    /// `public`), and migrates.
+    /// Connects to `url` (`postgres://…`, one host or libpq's host list with
+    /// `target_session_attrs`), in schema `schema` (created if missing; default `public`), with
+    /// a pool of `max_connections` (and one more connection that LISTENs), and migrates.
     pub async fn connect(url: &str, schema: Option<&str>, max_connections: u32) -> Result<Self> {
-        let opts = PgConnectOptions::from_str(url).map_err(|e| StoreError::BadUrl {
-            url: url.into(),
-            reason: e.to_string(),
-        })?;
-        let schema = schema.unwrap_or("public").to_owned();
+        let parsed = PgUrl::parse(url)?;
+        let schema = schema.or(parsed.schema()).unwrap_or("public").to_owned();
+        Self::open(parsed, schema, max_connections).await
+    }
+
+    /// Connects as the URL says: its hosts, `schema=`, and `pool_size=` (the process's
+    /// connections, the LISTEN one included: the pool gets one less).
+    pub async fn connect_url(url: &PgUrl) -> Result<Self> {
+        let schema = url.schema().unwrap_or("public").to_owned();
+        Self::open(url.clone(), schema, url.pool_size() - 1).await
+    }
+
+    async fn open(url: PgUrl, schema: String, max_connections: u32) -> Result<Self> {
         if !schema
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_')
@@ -93,23 +107,12 @@ impl PgStore {
                 reason: "use letters, digits and _ (at most 40)".into(),
             });
         }
+        let target = url.target();
+        let servers = Arc::new(Servers::new(url)?);
         // One connection first, on its own: a pool that cannot connect only reports that it
         // timed out, while this reports why (refused, unknown host, bad password, no such
-        // database), and at once.
-        let mut conn = match tokio::time::timeout(
-            CONNECT_TIMEOUT,
-            <PgConnection as sqlx::Connection>::connect_with(&opts),
-        )
-        .await
-        {
-            Ok(conn) => conn?,
-            Err(_) => {
-                return Err(StoreError::Database(sqlx::Error::Io(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("no connection within {} s", CONNECT_TIMEOUT.as_secs()),
-                ))));
-            }
-        };
+        // database, a standby), and at once.
+        let mut conn = servers.find().await?;
         if schema != "public" {
             conn.execute(sqlx::AssertSqlSafe(format!(
                 "CREATE SCHEMA IF NOT EXISTS \"{schema}\""
@@ -118,19 +121,34 @@ impl PgStore {
         }
         let _ = sqlx::Connection::close(conn).await;
         let search_path = schema.clone();
+        let stale = Arc::clone(&servers);
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(2))
             .acquire_timeout(CONNECT_TIMEOUT)
             .after_release(|conn, _| Box::pin(crate::release_if_clean(conn)))
+            .before_acquire(move |_, meta| {
+                let fresh = !stale.is_stale(meta.age);
+                Box::pin(async move { Ok(fresh) })
+            })
             .after_connect(move |conn, _| {
                 let sp = search_path.clone();
                 Box::pin(async move {
+                    // A server that is no longer what the URL asks for (a demoted primary
+                    // behind a name that has not moved yet) is refused, never written to.
+                    if let Some(what) = crate::pg_server::check(conn, target)
+                        .await
+                        .map_err(|e| sqlx::Error::Protocol(e.to_string()))?
+                    {
+                        return Err(sqlx::Error::Protocol(format!(
+                            "the server is {what}, not {target}"
+                        )));
+                    }
                     conn.execute(sqlx::AssertSqlSafe(format!("SET search_path TO \"{sp}\"")))
                         .await?;
                     Ok(())
                 })
             })
-            .connect_with(opts)
+            .connect_with(servers.current())
             .await?;
         let store = Self {
             read: pool.clone(),
@@ -139,17 +157,37 @@ impl PgStore {
             wake: Arc::new(tokio::sync::watch::channel(0).0),
             claims: Arc::new(tokio::sync::Semaphore::new(CLAIM_CONCURRENCY)),
             schema,
+            servers: Arc::clone(&servers),
+            alive: Arc::new(()),
         };
         store.migrate().await?;
         store.spawn_listener();
+        if servers.url().hosts().len() > 1 {
+            crate::pg_server::spawn_watch(
+                store.pool.clone(),
+                servers,
+                Arc::downgrade(&store.alive),
+            );
+        }
         Ok(store)
+    }
+
+    /// The host this store's new connections go to (`host:port`): with a host list, the one
+    /// found to suit `target_session_attrs`.
+    pub fn current_host(&self) -> String {
+        self.servers.current_host()
+    }
+
+    /// The most connections this process opens: the pool's, and the one that LISTENs.
+    pub fn connection_budget(&self) -> u32 {
+        self.pool.options().get_max_connections() + 1
     }
 
     /// Applies the embedded migrations (idempotent; safe to run from several processes).
     pub async fn migrate(&self) -> Result<()> {
-        sqlx::migrate!("./migrations/postgres")
-            .run(&self.pool)
-            .await?;
+        let migrator = crate::migrations::named(sqlx::migrate!("./migrations/postgres"));
+        crate::migrations::adopt_postgres(&self.pool, &migrator).await?;
+        migrator.run(&self.pool).await?;
         Ok(())
     }
 

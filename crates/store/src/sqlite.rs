@@ -212,9 +212,9 @@ impl SqliteStore {
 
     /// Applies the embedded migrations (idempotent).
     pub async fn migrate(&self) -> Result<()> {
-        sqlx::migrate!("./migrations/sqlite")
-            .run(&self.pool)
-            .await?;
+        let migrator = crate::migrations::named(sqlx::migrate!("./migrations/sqlite"));
+        crate::migrations::adopt_sqlite(&self.pool, &migrator).await?;
+        migrator.run(&self.pool).await?;
         Ok(())
     }
 

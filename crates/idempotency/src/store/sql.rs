@@ -22,7 +22,7 @@ use super::{
 };
 use crate::error::IdempotencyStoreError;
 
-/// The table of applied migrations of this crate, apart from `_sqlx_migrations` (the job
+/// The table of applied migrations of this crate, apart from `_redrive_migrations` (the job
 /// store's), so that both migrators can share one database without seeing each other's
 /// versions as unknown.
 pub const MIGRATIONS_TABLE: &str = "_redrive_idempotency_migrations";
