@@ -37,6 +37,16 @@ pub(crate) struct Global {
         default_value = DEFAULT_DB
     )]
     pub(crate) db: String,
+    /// PostgreSQL: the most connections this process opens, its pool and the one that
+    /// LISTENs for wake-ups (2-1000; sets the URL's `pool_size`, default 17). Size a fleet
+    /// against the server's `max_connections` (docs/scaling.md, "Connection budget").
+    #[arg(
+        long = "db-pool",
+        global = true,
+        env = "REDRIVE_DB_POOL",
+        value_name = "N"
+    )]
+    pub(crate) db_pool: Option<u32>,
     /// A TOML file of retry policies and breaker settings (added to the built-in presets).
     #[arg(long = "policies", global = true, env = "REDRIVE_POLICIES")]
     pub(crate) policies: Option<PathBuf>,

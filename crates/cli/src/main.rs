@@ -101,8 +101,27 @@ fn one_line(err: &anyhow::Error) -> String {
     redrive_http::redact::redact_text(&out.replace('\n', " "))
 }
 
+/// `url` with its `pool_size` set to `n` (`--db-pool`); SQLite URLs are left as they are
+/// (one file, no server connections to budget).
+fn with_pool_size(url: &str, n: u32) -> String {
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return url.to_owned();
+    }
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut params: Vec<String> = query
+        .split('&')
+        .filter(|p| !p.is_empty() && !p.starts_with("pool_size="))
+        .map(str::to_owned)
+        .collect();
+    params.push(format!("pool_size={n}"));
+    format!("{base}?{}", params.join("&"))
+}
+
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let global = cli.global;
+    let mut global = cli.global;
+    if let Some(n) = global.db_pool {
+        global.db = with_pool_size(&global.db, n);
+    }
     match cli.command {
         Command::Policy(cmd) => cmd::policy::run(&global, cmd),
         Command::Simulate(args) => cmd::simulate::run(&global, args),

@@ -46,6 +46,7 @@ macro_rules! dispatch {
 
 mod batch;
 mod clock;
+mod connections;
 mod error;
 mod insights;
 mod json_ms;
@@ -77,6 +78,7 @@ use std::time::Duration;
 use ops::Backend as _;
 
 pub use clock::{Clock, ClockSample, ManualClock, OffsetClock, SystemClock, best_offset};
+pub use connections::{Connections, ProcessConnections, host_name};
 pub use error::{Result, StoreError};
 pub use insights::{
     ANSWER_PREFIX_CHARS, AttemptBucket, DeadGroup, DeadReasonCount, MAX_DEAD_SCAN, error_signature,

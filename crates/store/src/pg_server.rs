@@ -56,12 +56,20 @@ pub(crate) struct Servers {
 impl Servers {
     /// Parses each host's options.
     pub(crate) fn new(url: PgUrl) -> Result<Self> {
+        let named = url.has_param("application_name");
         let options = (0..url.hosts().len())
             .map(|i| {
                 let one = url.host_url(i);
-                PgConnectOptions::from_str(&one).map_err(|e| StoreError::BadUrl {
+                let opts = PgConnectOptions::from_str(&one).map_err(|e| StoreError::BadUrl {
                     url: one,
                     reason: e.to_string(),
+                })?;
+                // Each connection says which process holds it (see `Store::connections`),
+                // unless the URL names its own application.
+                Ok(if named {
+                    opts
+                } else {
+                    opts.application_name(&crate::connections::application_name())
                 })
             })
             .collect::<Result<Vec<_>>>()?;

@@ -221,6 +221,13 @@ impl PgUrl {
         self.pool_size
     }
 
+    /// Whether the URL passes the driver parameter `name` (e.g. `application_name`).
+    pub fn has_param(&self, name: &str) -> bool {
+        self.params
+            .iter()
+            .any(|p| p.split_once('=').map_or(p.as_str(), |(k, _)| k) == name)
+    }
+
     /// A one-host URL for host `i`, with only the parameters the driver takes.
     ///
     /// # Panics

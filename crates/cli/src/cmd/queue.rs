@@ -50,6 +50,10 @@ pub(crate) async fn db_now(store: &Store) -> chrono::DateTime<chrono::Utc> {
 }
 
 pub(crate) async fn open(global: &Global) -> anyhow::Result<Store> {
+    if global.db.starts_with("postgres://") || global.db.starts_with("postgresql://") {
+        // A malformed host list, `target_session_attrs` or `pool_size` is the user's to fix.
+        redrive_store::PgUrl::parse(&global.db).map_err(|e| usage(format!("--db: {e}")))?;
+    }
     match Store::connect(&global.db).await {
         Ok(s) => Ok(s),
         Err(e @ StoreError::BadUrl { .. }) => Err(usage(format!("--db: {e}"))),
@@ -763,23 +767,43 @@ pub(crate) fn workers(global: &Global, a: JsonArgs) -> anyhow::Result<ExitCode> 
         let now = store.db_time().await?;
         let workers = store.workers(now).await?;
         let stale = redrive_store::WORKER_STALE_AFTER.as_secs();
+        let conns = store.connections().await?;
+        // A worker's connections, matched by host and pid (the host as far as PostgreSQL kept it).
+        let conns_of = |w: &redrive_store::WorkerInfo| {
+            conns.as_ref().map(|c| {
+                c.processes
+                    .iter()
+                    .filter(|p| p.pid == w.pid && w.host.starts_with(&p.host))
+                    .map(|p| p.connections)
+                    .sum::<u32>()
+            })
+        };
         if a.json {
+            let mut listed = serde_json::to_value(&workers)?;
+            if let Some(items) = listed.as_array_mut() {
+                for (item, w) in items.iter_mut().zip(&workers) {
+                    item["db_connections"] = json!(conns_of(w));
+                }
+            }
             outln!(
                 "{}",
-                serde_json::to_string_pretty(
-                    &json!({"workers": workers, "stale_after_seconds": stale})
-                )?
+                serde_json::to_string_pretty(&json!({
+                    "workers": listed,
+                    "stale_after_seconds": stale,
+                    "database_connections": conns,
+                }))?
             );
             return Ok(ExitCode::SUCCESS);
         }
         outln!(
-            "{:<28} {:<16} {:>8} {:<16} {:<16} {:>5}  {:<20} {:<14} LAST SEEN",
+            "{:<28} {:<16} {:>8} {:<16} {:<16} {:>5} {:>4}  {:<20} {:<14} LAST SEEN",
             "NAME",
             "HOST",
             "PID",
             "QUEUES",
             "KINDS",
             "CONC",
+            "CONN",
             "STARTED",
             "CLOCK"
         );
@@ -790,13 +814,14 @@ pub(crate) fn workers(global: &Global, a: JsonArgs) -> anyhow::Result<ExitCode> 
                 w.queues.join(",")
             };
             outln!(
-                "{:<28} {:<16} {:>8} {:<16} {:<16} {:>5}  {:<20} {:<14} {}s ago",
+                "{:<28} {:<16} {:>8} {:<16} {:<16} {:>5} {:>4}  {:<20} {:<14} {}s ago",
                 truncate(&w.name, 28),
                 truncate(&w.host, 16),
                 w.pid,
                 truncate(&queues, 16),
                 truncate(&kinds_text(&w.kinds), 16),
                 w.concurrency,
+                conns_of(w).map_or_else(|| "-".to_owned(), |n| n.to_string()),
                 w.started_at.format("%Y-%m-%d %H:%M:%S"),
                 clock_text(w.clock_offset_ms),
                 (now - w.last_seen).num_seconds().max(0)
@@ -804,6 +829,17 @@ pub(crate) fn workers(global: &Global, a: JsonArgs) -> anyhow::Result<ExitCode> 
         }
         if workers.is_empty() {
             outln!("(no live workers; a worker not seen for {stale}s counts as gone)");
+        }
+        if let Some(c) = &conns {
+            let ours: u32 = c.processes.iter().map(|p| p.connections).sum();
+            outln!(
+                "database connections: {} in use of max_connections {} ({} reserved for \
+                 superusers); redrive processes hold {ours} in {} processes",
+                c.total,
+                c.max_connections,
+                c.reserved,
+                c.processes.len()
+            );
         }
         Ok(ExitCode::SUCCESS)
     })

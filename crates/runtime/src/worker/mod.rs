@@ -157,7 +157,7 @@ impl Worker {
         let config = &self.shared.config;
         WorkerInfo {
             name: config.name.clone(),
-            host: host_name(),
+            host: redrive_store::host_name(),
             pid: std::process::id(),
             queues: config.queues.clone(),
             kinds: self.kinds(),
@@ -230,18 +230,6 @@ impl Worker {
             .sync_clock
             .then(|| clock.spawn_sync_on(self.shared.db.clone(), config.clock_sync, stop.clone()))
     }
-}
-
-/// The host's name, as the registry of live workers shows it: the kernel's (Linux), else
-/// `$HOSTNAME`, else `/etc/hostname`, else `unknown`.
-fn host_name() -> String {
-    ["/proc/sys/kernel/hostname", "/etc/hostname"]
-        .iter()
-        .filter_map(|p| std::fs::read_to_string(p).ok())
-        .chain(std::env::var("HOSTNAME").ok())
-        .map(|h| h.trim().chars().take(255).collect::<String>())
-        .find(|h| !h.is_empty())
-        .unwrap_or_else(|| "unknown".into())
 }
 
 /// Adds a job task's end to the run's: a failed task is logged with its job and counted, and
