@@ -43,7 +43,7 @@ fn db_pool_bounds_a_workers_connections_and_workers_shows_them() {
     let t = Instant::now();
     let mut seen = Vec::new();
     while t.elapsed() < Duration::from_secs(20) {
-        let v = ok_json(&cli.run_db(&db, &["workers", "--json"]));
+        let v = ok_json(&cli.run_db(&db, ["workers", "--json"]));
         if let Some(w) = v["workers"].as_array().and_then(|a| a.first()) {
             seen.push(w["db_connections"].as_u64().unwrap());
             let budget = &v["database_connections"];
@@ -77,7 +77,7 @@ fn bad_postgres_urls_name_the_part() {
         ),
     ];
     for (url, part) in cases {
-        let e = err_text(&cli.run_db(url, &["stats"]), 2);
+        let e = err_text(&cli.run_db(url, ["stats"]), 2);
         assert!(e.contains(part), "{url}: {e}");
     }
     let e = err_text(
@@ -117,7 +117,7 @@ fn a_host_list_of_standbys_only_is_refused_naming_each_host() {
     let url = format!(
         "postgres://{user}@127.0.0.1:1,{hostport}/test?target_session_attrs=read-write&options=-c%20default_transaction_read_only%3Don"
     );
-    let e = err_text(&cli.run_db(&url, &["stats"]), 1);
+    let e = err_text(&cli.run_db(&url, ["stats"]), 1);
     assert!(e.contains("127.0.0.1:1") && e.contains(&hostport), "{e}");
     assert!(e.contains("read-only"), "{e}");
     block(schema.drop_now());
