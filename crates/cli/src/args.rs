@@ -47,6 +47,17 @@ pub(crate) struct Global {
         value_name = "N"
     )]
     pub(crate) db_pool: Option<u32>,
+    /// PostgreSQL: where to LISTEN for wake-ups: a direct `postgres://` URL past a pooler in
+    /// transaction mode (PgBouncer), or `off` to find new jobs by polling alone (sets the
+    /// URL's `listen`; default: a connection like the pool's).
+    #[arg(
+        long = "listen-db",
+        global = true,
+        env = "REDRIVE_LISTEN_DATABASE_URL",
+        hide_env_values = true,
+        value_name = "URL|off"
+    )]
+    pub(crate) listen_db: Option<String>,
     /// A TOML file of retry policies and breaker settings (added to the built-in presets).
     #[arg(long = "policies", global = true, env = "REDRIVE_POLICIES")]
     pub(crate) policies: Option<PathBuf>,

@@ -101,26 +101,35 @@ fn one_line(err: &anyhow::Error) -> String {
     redrive_http::redact::redact_text(&out.replace('\n', " "))
 }
 
-/// `url` with its `pool_size` set to `n` (`--db-pool`); SQLite URLs are left as they are
-/// (one file, no server connections to budget).
-fn with_pool_size(url: &str, n: u32) -> String {
+/// `url` with redrive's parameter `name` set to `value` (`--db-pool`, `--listen-db`); SQLite
+/// URLs are left as they are (one file, no server connections).
+fn with_param(url: &str, name: &str, value: &str) -> String {
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return url.to_owned();
     }
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let prefix = format!("{name}=");
     let mut params: Vec<String> = query
         .split('&')
-        .filter(|p| !p.is_empty() && !p.starts_with("pool_size="))
+        .filter(|p| !p.is_empty() && !p.starts_with(&prefix))
         .map(str::to_owned)
         .collect();
-    params.push(format!("pool_size={n}"));
+    params.push(format!("{name}={value}"));
     format!("{base}?{}", params.join("&"))
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let mut global = cli.global;
     if let Some(n) = global.db_pool {
-        global.db = with_pool_size(&global.db, n);
+        global.db = with_param(&global.db, "pool_size", &n.to_string());
+    }
+    if let Some(listen) = &global.listen_db {
+        let value = if listen == "off" {
+            "off".to_owned()
+        } else {
+            redrive_store::percent_encode(listen)
+        };
+        global.db = with_param(&global.db, "listen", &value);
     }
     match cli.command {
         Command::Policy(cmd) => cmd::policy::run(&global, cmd),

@@ -111,6 +111,8 @@ pub const SECRET_PARAM_NAMES: &[&str] = &[
     "x-amz-signature",
     "x-amz-credential",
     "x-amz-security-token",
+    // redrive's own `listen=` database parameter: a percent-encoded URL, credentials and all.
+    "listen",
 ];
 
 static EXTRA: RwLock<Vec<String>> = RwLock::new(Vec::new());

@@ -95,7 +95,7 @@ pub use operator::{
     PausedQueue,
 };
 #[cfg(feature = "postgres")]
-pub use pg_url::{DEFAULT_POOL_SIZE, PgHost, PgUrl, SessionAttrs};
+pub use pg_url::{DEFAULT_POOL_SIZE, Listen, PgHost, PgUrl, SessionAttrs, percent_encode};
 #[cfg(feature = "postgres")]
 pub use postgres::PgStore;
 pub use quota::{Decline, NewDecline, QuotaTake, Reattempt, ReattemptParams, WindowUse};

@@ -91,6 +91,19 @@ impl fmt::Display for SessionAttrs {
     }
 }
 
+/// Where a store LISTENs for the fleet's wake-ups (NOTIFY on enqueue).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listen {
+    /// On a connection like the pool's (the default).
+    Pool,
+    /// Not at all: idle workers find new jobs by polling (`listen=off`; behind a pooler in
+    /// transaction mode, where LISTEN does not work, when no direct URL is at hand).
+    Off,
+    /// On a connection to this URL (`listen=<percent-encoded URL>`, or `--listen-db`): the
+    /// server directly, past a pooler in transaction mode.
+    Url(String),
+}
+
 /// One host of a URL's host list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PgHost {
@@ -118,6 +131,7 @@ pub struct PgUrl {
     target: SessionAttrs,
     schema: Option<String>,
     pool_size: u32,
+    listen: Listen,
 }
 
 impl PgUrl {
@@ -159,12 +173,33 @@ impl PgUrl {
         let mut target = SessionAttrs::Any;
         let mut schema = None;
         let mut pool_size = DEFAULT_POOL_SIZE;
+        let mut listen = Listen::Pool;
         let mut params = Vec::new();
         for p in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (k, v) = p.split_once('=').unwrap_or((p, ""));
             match k {
                 "target_session_attrs" => target = SessionAttrs::parse(v)?,
                 "schema" => schema = Some(v.to_owned()),
+                "listen" => {
+                    listen = match v {
+                        "on" => Listen::Pool,
+                        "off" => Listen::Off,
+                        encoded => {
+                            let direct = percent_decode(encoded);
+                            if !(direct.starts_with("postgres://")
+                                || direct.starts_with("postgresql://"))
+                            {
+                                return Err(StoreError::Invalid {
+                                    field: "listen",
+                                    value: v.into(),
+                                    reason: "expected on, off or a percent-encoded postgres:// URL"
+                                        .into(),
+                                });
+                            }
+                            Listen::Url(direct)
+                        }
+                    };
+                }
                 "pool_size" => {
                     pool_size = v
                         .parse()
@@ -197,7 +232,13 @@ impl PgUrl {
             target,
             schema,
             pool_size,
+            listen,
         })
+    }
+
+    /// Where the store LISTENs (`listen=`).
+    pub fn listen(&self) -> &Listen {
+        &self.listen
     }
 
     /// The hosts, in the order they are tried.
@@ -246,6 +287,41 @@ impl PgUrl {
         }
         u
     }
+}
+
+/// `%XX` sequences decoded (a URL given as a parameter of another); invalid ones kept as they are.
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && s.is_char_boundary(i + 3)
+            && let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16)
+        {
+            out.push(v);
+            i += 3;
+            continue;
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `s` with every byte but letters, digits and `-._~` percent-encoded: a URL made fit to be
+/// the value of another URL's parameter (`listen=`).
+pub fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || b"-._~".contains(&c) {
+                (c as char).to_string()
+            } else {
+                format!("%{c:02X}")
+            }
+        })
+        .collect()
 }
 
 fn parse_host(part: &str) -> std::result::Result<PgHost, String> {
@@ -354,6 +430,24 @@ mod tests {
         assert!(e.contains("pool_size") && e.contains('1'), "{e}");
         let e = PgUrl::parse("mysql://a/db").unwrap_err().to_string();
         assert!(e.contains("postgres://"), "{e}");
+    }
+
+    #[test]
+    fn listen_is_on_off_or_a_direct_url() {
+        let direct = "postgres://u@10.0.0.5:5432/db?sslmode=disable";
+        let u = PgUrl::parse(&format!(
+            "postgres://u@pooler:6432/db?listen={}",
+            percent_encode(direct)
+        ))
+        .unwrap();
+        assert_eq!(u.listen(), &Listen::Url(direct.into()));
+        assert_eq!(u.host_url(0), "postgres://u@pooler:6432/db");
+        let off = PgUrl::parse("postgres://u@p/db?listen=off").unwrap();
+        assert_eq!(off.listen(), &Listen::Off);
+        let e = PgUrl::parse("postgres://u@p/db?listen=maybe")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("listen") && e.contains("maybe"), "{e}");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use sqlx::{Executor, PgConnection, PgPool, Postgres, Transaction};
 use crate::batch::CompletionRow;
 use crate::ops::Backend;
 use crate::pg_server::Servers;
-use crate::pg_url::PgUrl;
+use crate::pg_url::{Listen, PgUrl};
 use crate::sql::{Dialect, Sql};
 use crate::{Result, StoreError};
 
@@ -88,11 +88,13 @@ impl PgStore {
         Self::open(parsed, schema, max_connections).await
     }
 
-    /// Connects as the URL says: its hosts, `schema=`, and `pool_size=` (the process's
-    /// connections, the LISTEN one included: the pool gets one less).
+    /// Connects as the URL says: its hosts, `schema=`, `listen=`, and `pool_size=` (the
+    /// process's connections, the LISTEN one included: the pool gets one less, unless
+    /// `listen=off`).
     pub async fn connect_url(url: &PgUrl) -> Result<Self> {
         let schema = url.schema().unwrap_or("public").to_owned();
-        Self::open(url.clone(), schema, url.pool_size() - 1).await
+        let listener = u32::from(*url.listen() != Listen::Off);
+        Self::open(url.clone(), schema, url.pool_size() - listener).await
     }
 
     async fn open(url: PgUrl, schema: String, max_connections: u32) -> Result<Self> {
@@ -178,9 +180,11 @@ impl PgStore {
         self.servers.current_host()
     }
 
-    /// The most connections this process opens: the pool's, and the one that LISTENs.
+    /// The most connections this store opens: the pool's, and the one that LISTENs (unless
+    /// `listen=off`).
     pub fn connection_budget(&self) -> u32 {
-        self.pool.options().get_max_connections() + 1
+        self.pool.options().get_max_connections()
+            + u32::from(*self.servers.url().listen() != Listen::Off)
     }
 
     /// Applies the embedded migrations (idempotent; safe to run from several processes).
@@ -249,7 +253,14 @@ impl PgStore {
     }
 
     /// Turns NOTIFYs from any process into local wake-ups; reconnects with a pause on errors.
+    ///
+    /// The connection is one like the pool's, or one to the URL's `listen=` (a direct URL
+    /// past a pooler); none with `listen=off` (idle workers then poll).
     fn spawn_listener(&self) {
+        let listen = self.servers.url().listen().clone();
+        if listen == Listen::Off {
+            return;
+        }
         let pool = self.pool.clone();
         let wake = Arc::downgrade(&self.wake);
         let channel = format!("redrive_jobs_{}", self.schema);
@@ -258,7 +269,11 @@ impl PgStore {
                 if wake.strong_count() == 0 {
                     return;
                 }
-                if let Ok(mut listener) = PgListener::connect_with(&pool).await
+                let listener = match &listen {
+                    Listen::Url(direct) => PgListener::connect(direct).await,
+                    _ => PgListener::connect_with(&pool).await,
+                };
+                if let Ok(mut listener) = listener
                     && listener.listen(&channel).await.is_ok()
                 {
                     {
