@@ -9,7 +9,7 @@
 
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgConnectOptions;
@@ -49,6 +49,8 @@ pub(crate) struct Servers {
     url: PgUrl,
     options: Vec<PgConnectOptions>,
     current: AtomicUsize,
+    /// Whether a host has been chosen yet (the first choice is no move).
+    chosen: AtomicBool,
     /// When the pool last moved to another host: connections older than this go.
     moved_at: std::sync::Mutex<Option<Instant>>,
 }
@@ -77,6 +79,7 @@ impl Servers {
             url,
             options,
             current: AtomicUsize::new(0),
+            chosen: AtomicBool::new(false),
             moved_at: std::sync::Mutex::new(None),
         })
     }
@@ -175,6 +178,13 @@ impl Servers {
 
     fn use_host(&self, i: usize) {
         let before = self.current.swap(i, Ordering::AcqRel);
+        if !self.chosen.swap(true, Ordering::AcqRel) {
+            // The first choice, at connect: nothing moved.
+            if self.url.hosts().len() > 1 {
+                tracing::info!(host = %self.url.hosts()[i], "PostgreSQL: using this host");
+            }
+            return;
+        }
         if before != i {
             if let Ok(mut m) = self.moved_at.lock() {
                 *m = Some(Instant::now());
@@ -199,24 +209,25 @@ pub(crate) fn spawn_watch(pool: PgPool, servers: Arc<Servers>, alive: std::sync:
             if alive.strong_count() == 0 || pool.is_closed() {
                 return;
             }
-            let healthy = tokio::time::timeout(HOST_TIMEOUT, async {
-                let mut conn = pool.acquire().await?;
-                check(&mut conn, servers.url().target()).await
-            })
-            .await;
-            match healthy {
-                Ok(Ok(None)) => {
-                    failing_since = None;
-                    continue;
-                }
-                Ok(Ok(Some(what))) => {
-                    tracing::warn!(host = %servers.current_host(), "PostgreSQL: the server is now {what}");
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!(host = %servers.current_host(), error = %e, "PostgreSQL: check failed");
-                }
-                Err(_) => {
-                    tracing::warn!(host = %servers.current_host(), "PostgreSQL: check timed out");
+            // While the server is failing, look for a usable one every second rather than
+            // wait for the pool to time out again: the promotion is seen within a second.
+            if failing_since.is_none() {
+                let healthy = tokio::time::timeout(HOST_TIMEOUT, async {
+                    let mut conn = pool.acquire().await?;
+                    check(&mut conn, servers.url().target()).await
+                })
+                .await;
+                match healthy {
+                    Ok(Ok(None)) => continue,
+                    Ok(Ok(Some(what))) => {
+                        tracing::warn!(host = %servers.current_host(), "PostgreSQL: the server is now {what}");
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(host = %servers.current_host(), error = %e, "PostgreSQL: check failed");
+                    }
+                    Err(_) => {
+                        tracing::warn!(host = %servers.current_host(), "PostgreSQL: check timed out");
+                    }
                 }
             }
             let since = *failing_since.get_or_insert_with(Instant::now);
