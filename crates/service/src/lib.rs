@@ -26,6 +26,7 @@
 
 mod api;
 mod auth;
+mod batch;
 pub mod conn;
 mod dashboard;
 mod error;
@@ -38,8 +39,12 @@ mod session;
 mod state;
 mod views;
 
-pub use api::{ApiDoc, MAX_DELAY, TRANSITIONS_PER_BREAKER, openapi_document};
+pub use api::{ApiDoc, MAX_DELAY, TRANSITIONS_PER_BREAKER, openapi_document, parse_job_object};
 pub use auth::{MIN_PUBLIC_TOKEN_CHARS, MIN_PUBLIC_TOKEN_DISTINCT, SESSION_COOKIE};
+pub use batch::{
+    BatchItem, BatchItemError, BatchProblem, BatchRequest, BatchResponse, MAX_BATCH_BODY_BYTES,
+    MAX_BATCH_JOBS,
+};
 pub use conn::{ConnLimits, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
 pub use error::{ApiError, PROBLEM_BASE, PROBLEM_JSON, ProblemBody, ServiceError};
 pub use guard::validate_public_host;

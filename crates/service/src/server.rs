@@ -13,7 +13,7 @@ use axum::routing::{delete, get, post};
 use crate::auth::{MIN_PUBLIC_TOKEN_CHARS, MIN_PUBLIC_TOKEN_DISTINCT};
 use crate::error::{ApiError, PROBLEM_JSON, ServiceError};
 use crate::state::{AppState, MAX_BODY_BYTES, ServiceConfig};
-use crate::{api, auth, conn, dashboard, guard, idempotency, operator, schedules};
+use crate::{api, auth, batch, conn, dashboard, guard, idempotency, operator, schedules};
 
 /// The whole application: `/v1` (behind the bearer token, if one is configured), `/metrics`,
 /// `/healthz`, `/readyz`, `/openapi.json` and the dashboard, all behind the front door
@@ -31,6 +31,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/workers", get(api::workers))
         .route("/v1/idempotency", get(idempotency::list_keys))
         .route("/v1/jobs/bulk", post(operator::bulk))
+        .route("/v1/jobs/batch", post(batch::create_jobs))
         .route("/v1/jobs/{id}/run-now", post(operator::run_now))
         .route("/v1/queues", get(operator::paused_queues))
         .route("/v1/queues/{queue}/pause", post(operator::pause_queue))
