@@ -139,7 +139,7 @@ impl IntoResponse for BatchProblem {
 /// Why a batch is refused: the whole request, or some of its jobs.
 enum Refused {
     Request(ApiError),
-    Jobs(BatchProblem),
+    Jobs(Box<BatchProblem>),
 }
 
 impl From<ApiError> for Refused {
@@ -272,7 +272,7 @@ fn parse_batch(
     if errors.is_empty() {
         Ok(jobs)
     } else {
-        Err(Refused::Jobs(BatchProblem::new(errors, total)))
+        Err(Refused::Jobs(Box::new(BatchProblem::new(errors, total))))
     }
 }
 
@@ -294,10 +294,10 @@ async fn store_batch(
                 // Not reached: the store compared the same fields.
                 Ok(()) => ApiError::unprocessable("key", "", "the key is used by another job"),
             };
-            Err(Refused::Jobs(BatchProblem::new(
+            Err(Refused::Jobs(Box::new(BatchProblem::new(
                 vec![item_error(taken.index, e)],
                 jobs.len(),
-            )))
+            ))))
         }
     }
 }

@@ -57,7 +57,7 @@ pub use schedules::{
     ScheduleList, ScheduleRequest, ScheduleUpsert, ScheduleView,
     audit_target as schedule_audit_target, schedule_spec,
 };
-pub use server::{app, check_exposure, serve, serve_listener};
+pub use server::{app, check_exposure, serve, serve_listener, serve_listener_quietly};
 pub use session::{BEARER_FAILURES_PER_MINUTE, DEFAULT_SESSION_TTL, LOGIN_FAILURES_PER_MINUTE};
 pub use state::{
     ApiToken, AppConfig, AppState, DEFAULT_ADDR, DEFAULT_IDEMPOTENCY_RECOVERY_WINDOW,

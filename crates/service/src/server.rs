@@ -206,13 +206,27 @@ pub async fn serve_listener(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServiceError> {
     let local = listener.local_addr().map_err(ServiceError::Serve)?;
+    println!("listening on http://{local}");
+    serve_listener_quietly(listener, state, shutdown).await
+}
+
+/// [`serve_listener`] without the `listening on` line, for a caller that reports the address
+/// itself (`redrive bench --api-batch`, whose stdout may be one JSON document).
+///
+/// # Errors
+/// [`ServiceError::Serve`] when the listener's address cannot be read.
+pub async fn serve_listener_quietly(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServiceError> {
+    let local = listener.local_addr().map_err(ServiceError::Serve)?;
     // Expired idempotency records are deleted while the service runs.
     let reaper = redrive_idempotency::spawn_reaper(
         state.inner.idempotency.store().clone(),
         redrive_idempotency::DEFAULT_REAP_INTERVAL,
         redrive_idempotency::DEFAULT_REAP_BATCH,
     );
-    println!("listening on http://{local}");
     tracing::info!(%local, "redrive serve listening");
     let limits = state.inner.connections;
     let slots = state.inner.connection_slots.clone();
