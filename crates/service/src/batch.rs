@@ -95,7 +95,9 @@ pub struct BatchProblem {
     /// The problem, naming the first bad job.
     #[serde(flatten)]
     pub problem: ProblemBody,
-    /// Every bad job, by index.
+    /// Every bad job, by index; absent when the request as a whole is refused (more than
+    /// 1,000 jobs: `field` is `jobs`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<BatchItemError>,
 }
 

@@ -204,6 +204,7 @@ async fn more_than_the_maximum_is_refused_naming_jobs() {
     .await;
     r.assert_problem(422, "jobs");
     assert_eq!(r.json()["value"], (MAX_BATCH_JOBS + 1).to_string());
+    assert!(r.json().get("errors").is_none(), "{}", r.body);
     assert!(stored(&h).await.is_empty());
     // The maximum itself is fine.
     let r = send(
