@@ -258,11 +258,19 @@ pub(crate) struct StatsArgs {
 #[derive(Debug, Args)]
 pub(crate) struct EnqueueArgs {
     /// Queue name.
-    #[arg(long)]
-    pub(crate) queue: String,
+    #[arg(long, required_unless_present = "file")]
+    pub(crate) queue: Option<String>,
     /// Job kind (e.g. `http`, `noop`, or one of your own).
-    #[arg(long)]
-    pub(crate) kind: String,
+    #[arg(long, required_unless_present = "file")]
+    pub(crate) kind: Option<String>,
+    /// Enqueue the jobs of an NDJSON file (`-`: standard input) instead: one JSON object per
+    /// line with the fields of `POST /v1/jobs` (`queue`, `kind`, `payload`, `key`, `delay`,
+    /// `run_at`, `policy`, `dependency`, `priority`, `max_attempts`, `quota_key`). Every line
+    /// is checked first (a bad one: exit 2 naming its line and field, nothing enqueued), then
+    /// the jobs go in transactions of 1,000; a job whose key exists is not enqueued twice.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["queue", "kind", "payload", "key",
+          "delay", "run_at", "policy", "dependency", "priority", "max_attempts", "quota_key"])]
+    pub(crate) file: Option<String>,
     /// JSON payload, or `@FILE` to read it from a file.
     #[arg(long)]
     pub(crate) payload: Option<String>,
@@ -838,6 +846,13 @@ pub(crate) struct BenchArgs {
     /// rounds), and one claim of every queue is timed with 1, 1,000 and 100,000 queue names.
     #[arg(long, value_parser = clap::value_parser!(u64).range(2..=1_000_000))]
     pub(crate) queues: Option<u64>,
+    /// Instead of the drains: enqueue through the HTTP API. A service started in this process
+    /// on a temporary database (as `--db`'s backend) takes `--jobs` keyed `noop` jobs as
+    /// `POST /v1/jobs/batch` requests of 1,000 over real HTTP on loopback, from `--producers`
+    /// clients at once (default 2); jobs/s of 5 runs (each on a fresh database) and their
+    /// median.
+    #[arg(long = "api-batch", conflicts_with_all = ["queues", "processes", "ceiling", "backlog", "history", "concurrency"])]
+    pub(crate) api_batch: bool,
     /// Print one JSON document.
     #[arg(long)]
     pub(crate) json: bool,

@@ -145,13 +145,49 @@ pub(crate) fn parse_enqueue(
 ) -> Result<NewJob, ApiError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_field("body", "", format!("the body is not valid JSON: {e}")))?;
-    let Value::Object(mut obj) = value else {
+    let Value::Object(obj) = value else {
         return Err(ApiError::bad_field(
             "body",
             &value.to_string(),
             "the body must be a JSON object",
         ));
     };
+    parse_enqueue_object(state, obj, header_key, now)
+}
+
+/// Turns one job object (the body of `POST /v1/jobs`, or an item of `POST /v1/jobs/batch`)
+/// into a job, naming the first bad field.
+pub(crate) fn parse_enqueue_object(
+    state: &AppState,
+    obj: Map<String, Value>,
+    header_key: Option<&str>,
+    now: redrive_store::Timestamp,
+) -> Result<NewJob, ApiError> {
+    parse_job_object(
+        &state.inner.policies,
+        state.inner.refuse_card_data,
+        obj,
+        header_key,
+        now,
+    )
+}
+
+/// Turns one job object as the API takes it (`queue`, `kind`, `payload`, `key`, `delay`,
+/// `run_at`, `policy`, `dependency`, `priority`, `max_attempts`, `quota_key`) into a validated
+/// job: the parser of `POST /v1/jobs`, shared with `redrive enqueue --file`. `header_key` is
+/// the job's key when the object has none; `refuse_card_data` refuses a payload carrying card
+/// data (`redrive serve --refuse-card-data`).
+///
+/// # Errors
+/// An [`ApiError`] naming the first bad field: 400 for a malformed or unknown one, 422 for a
+/// value refused (out of range, an unknown policy, a `max_attempts` above the policy's).
+pub fn parse_job_object(
+    policies: &redrive_policy::PolicySet,
+    refuse_card_data: bool,
+    mut obj: Map<String, Value>,
+    header_key: Option<&str>,
+    now: redrive_store::Timestamp,
+) -> Result<NewJob, ApiError> {
     if let Some(unknown) = obj.keys().find(|k| !ENQUEUE_FIELDS.contains(&k.as_str())) {
         return Err(ApiError::bad_field(
             unknown.clone(),
@@ -173,17 +209,13 @@ pub(crate) fn parse_enqueue(
     let priority: Option<i32> = take_int(&mut obj, "priority")?;
     let max_attempts: Option<u32> = take_int(&mut obj, "max_attempts")?;
     let quota_key: Option<String> = take(&mut obj, "quota_key")?;
-    if state.inner.refuse_card_data
-        && let Some(path) = redrive_http::redact::find_card_data(&payload)
-    {
+    if refuse_card_data && let Some(path) = redrive_http::redact::find_card_data(&payload) {
         let detail = format!("{path}: {CARD_DATA_REFUSED}");
         return Err(ApiError::unprocessable(path, "", detail));
     }
 
     let policy_name = policy_name.as_deref().unwrap_or("payment");
-    let policy = state
-        .inner
-        .policies
+    let policy = policies
         .get(policy_name)
         .map_err(|e| ApiError::unprocessable("policy", policy_name, e.to_string()))?;
     let run_at = match (delay, run_at_raw) {
@@ -868,7 +900,7 @@ impl Modify for FrontDoorResponses {
                         add(
                             "415",
                             "Without a token: a Content-Type other than application/json (or \
-                             none on POST /v1/jobs)",
+                             none on POST /v1/jobs and POST /v1/jobs/batch)",
                         );
                     }
                 }
@@ -899,7 +931,7 @@ impl Modify for BearerAuth {
             fleet's breakers. Errors are application/problem+json with `field` and `value`."
     ),
     paths(
-        create_job, list_jobs, get_job, replay_job, cancel_job, stats, breakers, workers, healthz,
+        create_job, crate::batch::create_jobs, list_jobs, get_job, replay_job, cancel_job, stats, breakers, workers, healthz,
         readyz,
         crate::idempotency::list_keys, crate::idempotency::recover_key,
         crate::schedules::list, crate::schedules::upsert, crate::schedules::remove,
@@ -909,7 +941,8 @@ impl Modify for BearerAuth {
         crate::operator::run_now, crate::operator::bulk, crate::operator::audit
     ),
     components(schemas(
-        EnqueueRequest, EnqueueResponse, JobView, AttemptView, JobPage, JobDetail, WaitingView, StateName,
+        EnqueueRequest, EnqueueResponse, crate::batch::BatchRequest, crate::batch::BatchResponse,
+        crate::batch::BatchItem, crate::batch::BatchProblem, crate::batch::BatchItemError, JobView, AttemptView, JobPage, JobDetail, WaitingView, StateName,
         CountView, BreakerView, TransitionView, BreakersResponse, StatsResponse, Health, ProblemBody,
         UnhandledView, WorkerView, WorkersResponse, crate::views::MoreView,
         crate::idempotency::IdempotencyRecordView, crate::idempotency::IdempotencyPage,

@@ -18,8 +18,9 @@
 //!   `Origin` is not the request's own scheme-less host and port is 403. Dashboard form posts
 //!   also need a same-host `Origin` or `Referer` in every mode (see the dashboard).
 //! - **JSON only**: without a token, a write under `/v1` with a `Content-Type` other than
-//!   `application/json`, or `POST /v1/jobs` without one, is 415. A browser can send
-//!   `text/plain` across sites without asking; it cannot send `application/json`.
+//!   `application/json`, or `POST /v1/jobs` or `POST /v1/jobs/batch` without one, is 415. A
+//!   browser can send `text/plain` across sites without asking; it cannot send
+//!   `application/json`.
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
@@ -313,7 +314,8 @@ pub(crate) async fn json_writes(
         Some(v) => !is_json(v),
         None => {
             has_body(req.headers())
-                || (req.method() == Method::POST && req.uri().path() == "/v1/jobs")
+                || (req.method() == Method::POST
+                    && matches!(req.uri().path(), "/v1/jobs" | "/v1/jobs/batch"))
         }
     };
     if refuse {

@@ -26,6 +26,7 @@
 
 mod api;
 mod auth;
+mod batch;
 pub mod conn;
 mod dashboard;
 mod error;
@@ -38,8 +39,12 @@ mod session;
 mod state;
 mod views;
 
-pub use api::{ApiDoc, MAX_DELAY, TRANSITIONS_PER_BREAKER, openapi_document};
+pub use api::{ApiDoc, MAX_DELAY, TRANSITIONS_PER_BREAKER, openapi_document, parse_job_object};
 pub use auth::{MIN_PUBLIC_TOKEN_CHARS, MIN_PUBLIC_TOKEN_DISTINCT, SESSION_COOKIE};
+pub use batch::{
+    BatchItem, BatchItemError, BatchProblem, BatchRequest, BatchResponse, MAX_BATCH_BODY_BYTES,
+    MAX_BATCH_JOBS,
+};
 pub use conn::{ConnLimits, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
 pub use error::{ApiError, PROBLEM_BASE, PROBLEM_JSON, ProblemBody, ServiceError};
 pub use guard::validate_public_host;
@@ -52,7 +57,7 @@ pub use schedules::{
     ScheduleList, ScheduleRequest, ScheduleUpsert, ScheduleView,
     audit_target as schedule_audit_target, schedule_spec,
 };
-pub use server::{app, check_exposure, serve, serve_listener};
+pub use server::{app, check_exposure, serve, serve_listener, serve_listener_quietly};
 pub use session::{BEARER_FAILURES_PER_MINUTE, DEFAULT_SESSION_TTL, LOGIN_FAILURES_PER_MINUTE};
 pub use state::{
     ApiToken, AppConfig, AppState, DEFAULT_ADDR, DEFAULT_IDEMPOTENCY_RECOVERY_WINDOW,

@@ -13,7 +13,7 @@ use axum::routing::{delete, get, post};
 use crate::auth::{MIN_PUBLIC_TOKEN_CHARS, MIN_PUBLIC_TOKEN_DISTINCT};
 use crate::error::{ApiError, PROBLEM_JSON, ServiceError};
 use crate::state::{AppState, MAX_BODY_BYTES, ServiceConfig};
-use crate::{api, auth, conn, dashboard, guard, idempotency, operator, schedules};
+use crate::{api, auth, batch, conn, dashboard, guard, idempotency, operator, schedules};
 
 /// The whole application: `/v1` (behind the bearer token, if one is configured), `/metrics`,
 /// `/healthz`, `/readyz`, `/openapi.json` and the dashboard, all behind the front door
@@ -31,6 +31,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/workers", get(api::workers))
         .route("/v1/idempotency", get(idempotency::list_keys))
         .route("/v1/jobs/bulk", post(operator::bulk))
+        .route("/v1/jobs/batch", post(batch::create_jobs))
         .route("/v1/jobs/{id}/run-now", post(operator::run_now))
         .route("/v1/queues", get(operator::paused_queues))
         .route("/v1/queues/{queue}/pause", post(operator::pause_queue))
@@ -205,13 +206,27 @@ pub async fn serve_listener(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServiceError> {
     let local = listener.local_addr().map_err(ServiceError::Serve)?;
+    println!("listening on http://{local}");
+    serve_listener_quietly(listener, state, shutdown).await
+}
+
+/// [`serve_listener`] without the `listening on` line, for a caller that reports the address
+/// itself (`redrive bench --api-batch`, whose stdout may be one JSON document).
+///
+/// # Errors
+/// [`ServiceError::Serve`] when the listener's address cannot be read.
+pub async fn serve_listener_quietly(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServiceError> {
+    let local = listener.local_addr().map_err(ServiceError::Serve)?;
     // Expired idempotency records are deleted while the service runs.
     let reaper = redrive_idempotency::spawn_reaper(
         state.inner.idempotency.store().clone(),
         redrive_idempotency::DEFAULT_REAP_INTERVAL,
         redrive_idempotency::DEFAULT_REAP_BATCH,
     );
-    println!("listening on http://{local}");
     tracing::info!(%local, "redrive serve listening");
     let limits = state.inner.connections;
     let slots = state.inner.connection_slots.clone();

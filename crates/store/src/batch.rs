@@ -135,6 +135,25 @@ pub(crate) fn match_inserted(
         .collect()
 }
 
+/// Why [`Store::enqueue_many_exact`](crate::Store::enqueue_many_exact) wrote nothing: the job
+/// at `index` names a queue and key already taken by `existing`, a job of another kind or
+/// payload (a new request under an old key, not a repeat).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyTaken {
+    /// The position of the refused job in the input.
+    pub index: usize,
+    /// The job that holds the queue and key (stored before, or earlier in the same input).
+    pub existing: Job,
+}
+
+/// The first job of `jobs` whose key was already taken by a job of another kind or payload:
+/// a repeat must be the same request.
+pub(crate) fn first_key_taken(jobs: &[NewJob], out: &[Enqueued]) -> Option<usize> {
+    jobs.iter()
+        .zip(out)
+        .position(|(n, e)| !e.created && (n.kind != e.job.kind || n.payload != e.job.payload))
+}
+
 /// The per-transition columns of a completion.
 pub(crate) struct CompletionFields {
     pub(crate) state: JobState,

@@ -77,6 +77,7 @@ use std::time::Duration;
 
 use ops::Backend as _;
 
+pub use batch::KeyTaken;
 pub use clock::{Clock, ClockSample, ManualClock, OffsetClock, SystemClock, best_offset};
 pub use connections::{Connections, ProcessConnections, host_name};
 pub use error::{Result, StoreError};
@@ -262,6 +263,33 @@ impl Store {
             }
         }
         Ok(out)
+    }
+
+    /// [`Store::enqueue_many`] for requests that must not be confused: when a job's queue and
+    /// key are already taken by a job of another kind or payload (stored before, or earlier in
+    /// `jobs`), the transaction is rolled back and nothing is written: `Ok(Err(KeyTaken))`
+    /// names the first such job. A job whose key is taken by the same request is a repeat
+    /// (`created: false`), as with [`Store::enqueue_many`].
+    ///
+    /// # Errors
+    /// As [`Store::enqueue_many`]: [`StoreError::Invalid`] for a bad job or more than
+    /// [`MAX_BATCH`] jobs, [`StoreError::FileChanged`], the database's.
+    pub async fn enqueue_many_exact(
+        &self,
+        jobs: &[NewJob],
+        now: Timestamp,
+    ) -> Result<std::result::Result<Vec<Enqueued>, KeyTaken>> {
+        let out = dispatch!(self, s => s.enqueue_many_exact_impl(jobs, now).await)?;
+        let Ok(out) = out else {
+            return Ok(out);
+        };
+        self.check_file()?;
+        for (job, e) in jobs.iter().zip(&out) {
+            if e.created {
+                count_enqueued(job);
+            }
+        }
+        Ok(Ok(out))
     }
 
     /// `Ok` while the store's database is the one it opened: on SQLite, the file at the path

@@ -168,6 +168,34 @@ where
         Ok(out)
     }
 
+    /// [`Self::enqueue_many_impl`], rolled back when a job's key is taken by another request
+    /// ([`crate::batch::KeyTaken`]).
+    async fn enqueue_many_exact_impl(
+        &self,
+        jobs: &[crate::NewJob],
+        now: redrive_policy::Timestamp,
+    ) -> crate::Result<Result<Vec<crate::Enqueued>, crate::batch::KeyTaken>> {
+        crate::check_batch("jobs", jobs.len())?;
+        for j in jobs {
+            j.validate()?;
+        }
+        let mut tx = self.tx().await?;
+        let mut out = Vec::with_capacity(jobs.len());
+        for chunk in jobs.chunks(self.sql().enqueue_chunk) {
+            out.extend(self.enqueue_chunk_in(&mut tx, chunk, now).await?);
+        }
+        if let Some(index) = crate::batch::first_key_taken(jobs, &out) {
+            tx.rollback().await?;
+            return Ok(Err(crate::batch::KeyTaken {
+                index,
+                existing: out.swap_remove(index).job,
+            }));
+        }
+        tx.commit().await?;
+        self.wake();
+        Ok(Ok(out))
+    }
+
     async fn get_impl(&self, id: crate::JobId) -> crate::Result<Option<crate::Job>> {
         let row: Option<crate::rows::JobRow> =
             sqlx::query_as(sqlx::AssertSqlSafe(self.sql().get_job.clone()))

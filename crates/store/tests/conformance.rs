@@ -95,6 +95,7 @@ both_backends!(
     traceparent_is_stored_with_the_job,
     enqueue_dedupes_on_key,
     enqueued_job_is_the_stored_job,
+    enqueue_many_exact_rolls_back_a_key_used_by_another_request,
     concurrent_enqueues_of_one_key_make_one_job,
     enqueue_in_callers_transaction,
     bad_input_is_refused_naming_the_field,
@@ -523,6 +524,84 @@ mod cases {
             let stored = s.get(e.job.id).await.unwrap().unwrap();
             assert_eq!(e.job, stored);
         }
+    }
+
+    /// `enqueue_many_exact`: repeats of the same request are `created: false`; a key used by
+    /// another kind or payload (stored before, or earlier in the batch) writes nothing.
+    pub(super) async fn enqueue_many_exact_rolls_back_a_key_used_by_another_request(s: &Store) {
+        let now = ms(T0);
+        let first = s
+            .enqueue_many_exact(&[job("q").key("a"), job("q").key("b")], now)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(first.iter().all(|e| e.created));
+        // The same requests again, a new key, and a repeat within the batch.
+        let again = s
+            .enqueue_many_exact(
+                &[
+                    job("q").key("b"),
+                    job("q").key("c"),
+                    job("q").key("a"),
+                    job("q").key("c"),
+                ],
+                now,
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            again.iter().map(|e| e.created).collect::<Vec<_>>(),
+            [false, true, false, false]
+        );
+        assert_eq!(again[0].job.id, first[1].job.id);
+        assert_eq!(again[2].job.id, first[0].job.id);
+        assert_eq!(again[1].job.id, again[3].job.id);
+        let count = |s: &Store| {
+            let s = s.clone();
+            async move {
+                s.counts()
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|c| c.count)
+                    .sum::<u64>()
+            }
+        };
+        assert_eq!(count(s).await, 3);
+        // Key `a` with another payload: nothing of the batch is written.
+        let other = NewJob::new("q", "noop", json!({"n": 2})).key("a");
+        let taken = s
+            .enqueue_many_exact(&[job("q").key("d"), other], now)
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(taken.index, 1);
+        assert_eq!(taken.existing.id, first[0].job.id);
+        assert_eq!(count(s).await, 3, "d rolled back");
+        // Another kind under a key first used earlier in the same batch.
+        let taken = s
+            .enqueue_many_exact(
+                &[
+                    job("q").key("e"),
+                    NewJob::new("q", "http", json!({"n": 1})).key("e"),
+                ],
+                now,
+            )
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(taken.index, 1);
+        assert_eq!(taken.existing.kind, "noop");
+        assert_eq!(count(s).await, 3, "e rolled back");
+        assert!(
+            s.list(&ListParams::default())
+                .await
+                .unwrap()
+                .jobs
+                .iter()
+                .all(|j| { j.key.as_deref() != Some("d") && j.key.as_deref() != Some("e") })
+        );
     }
 
     pub(super) async fn concurrent_enqueues_of_one_key_make_one_job(s: &Store) {

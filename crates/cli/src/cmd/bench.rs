@@ -93,14 +93,14 @@ struct Report {
 }
 
 /// A throwaway store of the same backend as `--db`.
-struct Scratch {
-    store: Store,
+pub(crate) struct Scratch {
+    pub(crate) store: Store,
     /// The URL another process opens it with.
     url: String,
     _dir: Option<tempfile::TempDir>,
 }
 
-async fn scratch(db: &str, n: u32) -> anyhow::Result<Scratch> {
+pub(crate) async fn scratch(db: &str, n: u32) -> anyhow::Result<Scratch> {
     if let Some(rest) = db.strip_prefix("sqlite:") {
         let dir = tempfile::tempdir()?;
         let query = rest
@@ -135,7 +135,7 @@ async fn scratch(db: &str, n: u32) -> anyhow::Result<Scratch> {
     )))
 }
 
-async fn cleanup(s: Scratch) {
+pub(crate) async fn cleanup(s: Scratch) {
     if let Store::Postgres(pg) = &s.store {
         let _ = pg.drop_schema().await;
     }
@@ -178,6 +178,14 @@ pub(crate) fn run(global: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         None => json!({}),
     };
     let payload_bytes = payload.to_string().len() as u64;
+    if a.api_batch {
+        let clients = a
+            .producers
+            .unwrap_or(crate::cmd::bench_api::DEFAULT_CLIENTS);
+        return block_on(crate::cmd::bench_api::run(
+            &global.db, a.jobs, clients, payload, a.json,
+        ));
+    }
     if let Some(queues) = a.queues {
         return block_on(bench_queues(&global.db, a.jobs, queues, a.json));
     }

@@ -241,7 +241,12 @@ fn new_job(
             (None, Some(t)) => RunAt::At(t),
             (None, None) => RunAt::Now,
         },
-        ..JobRequest::new(a.queue.clone(), a.kind.clone(), payload)
+        // Both present without `--file` (clap requires them).
+        ..JobRequest::new(
+            a.queue.clone().unwrap_or_default(),
+            a.kind.clone().unwrap_or_default(),
+            payload,
+        )
     }
     .build(policy, now)
     .map_err(flag_error)
@@ -279,6 +284,9 @@ pub(crate) fn flag_error(e: EnqueueError) -> anyhow::Error {
 }
 
 pub(crate) fn enqueue(global: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
+    if let Some(file) = &a.file {
+        return crate::cmd::enqueue_file::run(global, file, a.json);
+    }
     // Checked before connecting (bad input needs no database), built again on its clock (the
     // payload read once: it may come from a pipe).
     let body = payload(a.payload.as_deref())?;
