@@ -193,15 +193,16 @@ pub(crate) fn retry_after_secs(after: Duration) -> u64 {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum IdempotencyStoreError {
-    /// A query failed.
+    /// A query failed. The driver's error is in the message, not returned again as a source
+    /// (sqlx's messages embed their own causes); a server error is shown by its message and
+    /// SQLSTATE, without the line of the server's C source that raised it.
     #[cfg(any(feature = "sqlite", feature = "postgres"))]
-    #[error("idempotency store operation `{op}` failed")]
+    #[error("idempotency store operation `{op}` failed: {}", database_text(.error))]
     Database {
         /// The store operation, e.g. `claim`.
         op: &'static str,
         /// The driver's error.
-        #[source]
-        source: sqlx::Error,
+        error: sqlx::Error,
     },
     /// The store refused to work (e.g. a store that was shut down, or an injected fault).
     #[error("idempotency store is unavailable: {reason}")]
@@ -240,7 +241,20 @@ pub enum IdempotencyStoreError {
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 impl IdempotencyStoreError {
     pub(crate) fn db(op: &'static str) -> impl FnOnce(sqlx::Error) -> Self {
-        move |source| Self::Database { op, source }
+        move |error| Self::Database { op, error }
+    }
+}
+
+/// The text of a driver error: a server error as its message and SQLSTATE (PostgreSQL's
+/// `Display` ends with `at line N` of the server's C source, which means nothing to a user).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+fn database_text(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::Database(d) => match d.code() {
+            Some(code) => format!("{} (SQLSTATE {code})", d.message()),
+            None => d.message().to_owned(),
+        },
+        other => other.to_string(),
     }
 }
 

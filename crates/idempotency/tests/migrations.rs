@@ -132,3 +132,33 @@ async fn the_job_store_and_the_idempotency_table_migrate_one_postgres_schema_in_
         result.unwrap();
     }
 }
+
+/// A server error reads as its message and SQLSTATE, once, with no source chain repeating it
+/// and no "at line N" of PostgreSQL's C source.
+#[tokio::test]
+async fn a_postgres_error_is_shown_by_its_message_and_sqlstate() {
+    let Some(schema) = redrive_testkit::PgSchema::fresh("idem_err").await else {
+        return;
+    };
+    let (url, name) = (schema.server_url(), schema.name());
+    let idem = PostgresIdempotencyStore::connect_in_schema(url, name, 2)
+        .await
+        .unwrap();
+    idem.ensure_schema().await.unwrap();
+    let pool = schema.pool(1).await;
+    sqlx::query("DROP TABLE idempotency_keys")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    let e = match idem.claim(&claim("gone")).await {
+        Err(e) => e,
+        Ok(_) => panic!("a claim on a dropped table succeeded"),
+    };
+    let text = e.to_string();
+    assert!(text.contains("SQLSTATE 42P01"), "{text}");
+    assert!(!text.contains(" at line "), "{text}");
+    assert!(std::error::Error::source(&e).is_none(), "{e:?}");
+    idem.close().await;
+    schema.drop_now().await;
+}
