@@ -153,6 +153,7 @@ fn dead_jobs(store: &Store) -> Vec<i64> {
             transition: Transition::Dead { reason },
             error: Some(error.into()),
             now,
+            decline: None,
         }))
         .unwrap();
         ids.push(j.id);

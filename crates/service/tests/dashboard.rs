@@ -781,6 +781,7 @@ async fn a_card_key_is_taken_by_the_api_a_card_number_refused_and_the_job_page_s
             quota_key: Some("pm_card_1".into()),
             advice: redrive_policy::DeclineAdvice::mastercard("51", Some(25)).unwrap(),
             at: chrono::Utc::now(),
+            stop_for: None,
         })
         .await
         .unwrap();
