@@ -139,7 +139,7 @@ pub(crate) enum Command {
     RunNow(RunNowArgs),
     /// The audit trail of operator actions, newest first.
     Audit(AuditArgs),
-    /// Card reattempt quotas: `quota show KEY`.
+    /// Card reattempt quotas and card stops: `quota show KEY`, `quota lift KEY`.
     #[command(subcommand)]
     Quota(QuotaCommand),
 }
@@ -147,11 +147,15 @@ pub(crate) enum Command {
 /// `redrive quota ...`.
 #[derive(Debug, Subcommand)]
 pub(crate) enum QuotaCommand {
-    /// A card key's reattempts in each window of its network's quota (from the policies file).
+    /// A card key's reattempts in each window of its network's quota (from the policies file),
+    /// and its card stop if a decline stopped it.
     Show(QuotaShowArgs),
+    /// Lifts a card key's stop (set by a Visa category 1 / MAC 03 / MAC 21 decline; audited):
+    /// its jobs are called again from their next claim.
+    Lift(QuotaShowArgs),
 }
 
-/// `redrive quota show`.
+/// `redrive quota show` and `redrive quota lift`.
 #[derive(Debug, Args)]
 pub(crate) struct QuotaShowArgs {
     /// The card key (a job's `quota_key`).
