@@ -794,5 +794,27 @@ async fn a_card_key_is_taken_by_the_api_a_card_number_refused_and_the_job_page_s
     );
     assert!(page.contains("Reattempt quota of this card"), "{page}");
     assert!(page.contains("<strong>0/15</strong>"), "{page}");
+    assert!(!page.contains("id=\"card-stop\""), "not stopped: {page}");
+    // A MAC 21 decline stops the card: the page names the decline and how to lift it.
+    h.store
+        .record_decline(&redrive_store::NewDecline {
+            job_id: id,
+            attempt: 2,
+            quota_key: Some("pm_card_1".into()),
+            advice: redrive_policy::DeclineAdvice::mastercard("05", Some(21)).unwrap(),
+            at: chrono::Utc::now(),
+            stop_for: Some(std::time::Duration::from_secs(30 * 86_400)),
+        })
+        .await
+        .unwrap();
+    let page = send(&h.app(), get(&format!("/jobs/{id}"))).await.body;
+    assert!(page.contains("id=\"card-stop\""), "{page}");
+    assert!(
+        page.contains(&format!(
+            "job {id} declined mastercard 05 mac 21 (recurring_stopped)"
+        )),
+        "{page}"
+    );
+    assert!(page.contains("redrive quota lift pm_card_1"), "{page}");
     h.cleanup().await;
 }
