@@ -152,6 +152,9 @@ named_enum! {
         /// The card key is stopped by another job's decline (Visa category 1, MAC 03/21)
         /// until the stop ends (not an attempt; policy `declines.card_stop = "wait"`).
         CardStopped => "card_stopped",
+        /// The dependency's breaker row could not be read and the worker fails closed
+        /// (`WorkerBuilder::fail_closed`): deferred instead of called (not an attempt).
+        BreakerUnreadable => "breaker_unreadable",
     }
 }
 

@@ -323,3 +323,65 @@ async fn a_running_worker_is_registered_comes_back_after_deletion_and_leaves_on_
     run.await.unwrap().unwrap();
     assert!(live().await.is_empty());
 }
+
+/// Issue 41 item 6: a dependency whose breaker row cannot be read (here corrupt: a state no
+/// version wrote). By default the worker fails open and calls; with `fail_closed` it defers
+/// the job (reason `breaker_unreadable`, not an attempt) and makes no call.
+#[tokio::test]
+async fn an_unreadable_breaker_row_is_called_by_default_and_deferred_when_failing_closed() {
+    for closed in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("q.db").display());
+        let s = Store::connect(&url).await.unwrap();
+        let id = s
+            .enqueue(
+                &NewJob::new("q", "flaky", json!({})).dependency("psp.example"),
+                chrono::Utc::now(),
+            )
+            .await
+            .unwrap()
+            .job
+            .id;
+        let raw = sqlx::SqlitePool::connect(&url).await.unwrap();
+        sqlx::query(
+            "INSERT INTO redrive_dependencies (name, state, updated_at) \
+             VALUES ('psp.example', 'sideways', 0)",
+        )
+        .execute(&raw)
+        .await
+        .unwrap();
+        raw.close().await;
+        assert!(s.dependency("psp.example").await.is_err(), "the row is unreadable");
+        let h = Arc::new(Flaky::default());
+        let defer = std::time::Duration::from_secs(60);
+        let sum = Worker::builder(s.clone(), vec!["q".into()])
+            .handler("flaky", h.clone())
+            .fail_closed(closed.then_some(defer))
+            .build()
+            .unwrap()
+            .run_until_idle()
+            .await
+            .unwrap();
+        let j = s.get(id).await.unwrap().unwrap();
+        if closed {
+            assert_eq!(h.calls.load(Ordering::SeqCst), 0, "no call it cannot see");
+            assert_eq!((sum.deferred, sum.attempts), (1, 0));
+            assert_eq!(j.state, JobState::Deferred);
+            assert_eq!(
+                j.defer_reason,
+                Some(redrive_policy::DeferReason::BreakerUnreadable)
+            );
+            assert!(
+                j.last_error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("breaker of psp.example unreadable")),
+                "{:?}",
+                j.last_error
+            );
+            assert!(s.attempts(id).await.unwrap().is_empty());
+        } else {
+            assert_eq!(h.calls.load(Ordering::SeqCst), 1, "fail open: called");
+            assert_eq!(j.state, JobState::Succeeded);
+        }
+    }
+}

@@ -389,8 +389,21 @@ impl Run {
                 Phase::End(self.end_unattempted(claim, transition).await)
             }
             Err(e) => {
-                // The store is unreachable: the breaker cannot be consulted, and the attempt
-                // could not be recorded either; call (fail open) and let the write below retry.
+                // The breaker cannot be consulted (the store is unreachable or the row
+                // corrupt). Fail closed, when configured: defer, no call.
+                if let Some(delay) = self.shared.config.fail_closed {
+                    tracing::warn!(dependency = %dep,
+                        "reading the dependency failed; deferring (fail closed): {e}");
+                    let until = now + chrono::Duration::from_std(delay).unwrap_or_default();
+                    let t = Transition::Deferred {
+                        until,
+                        reason: DeferReason::BreakerUnreadable,
+                        delay,
+                    };
+                    let why = Some(format!("breaker of {dep} unreadable: {e}"));
+                    return Phase::End(Box::pin(self.end_unattempted_why(claim, t, why)).await);
+                }
+                // Fail open (the default): call, and let the write below retry.
                 tracing::warn!(dependency = %dep, "reading the dependency failed: {e}");
                 Phase::Next(false)
             }
