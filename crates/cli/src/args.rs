@@ -331,6 +331,10 @@ pub(crate) struct WorkArgs {
     /// Lease length (heartbeats every third of it).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub(crate) lease: std::time::Duration,
+    /// Fail closed: when a dependency's breaker row cannot be read, defer the job this long
+    /// instead of calling (default: call, fail open; docs/safety.md has the trade-off).
+    #[arg(long = "fail-closed", value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) fail_closed: Option<std::time::Duration>,
     #[command(flatten)]
     pub(crate) egress: EgressArgs,
     #[command(flatten)]
