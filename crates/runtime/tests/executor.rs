@@ -351,7 +351,10 @@ async fn an_unreadable_breaker_row_is_called_by_default_and_deferred_when_failin
         .await
         .unwrap();
         raw.close().await;
-        assert!(s.dependency("psp.example").await.is_err(), "the row is unreadable");
+        assert!(
+            s.dependency("psp.example").await.is_err(),
+            "the row is unreadable"
+        );
         let h = Arc::new(Flaky::default());
         let defer = std::time::Duration::from_secs(60);
         let sum = Worker::builder(s.clone(), vec!["q".into()])

@@ -106,15 +106,25 @@ async fn a_failing_disk_fails_writes_only_while_it_fails() {
     let e = store.complete(&completion).await.unwrap_err();
     eprintln!("a declined attempt's completion while the disk fails: {e}");
     fault.lift();
-    assert!(store.attempts(j.id).await.unwrap().is_empty(), "neither the attempt");
-    assert!(store.declines(j.id).await.unwrap().is_empty(), "nor its decline");
+    assert!(
+        store.attempts(j.id).await.unwrap().is_empty(),
+        "neither the attempt"
+    );
+    assert!(
+        store.declines(j.id).await.unwrap().is_empty(),
+        "nor its decline"
+    );
     assert_eq!(store.card_stop("fp_f", now).await.unwrap(), None);
     // Written again (the worker retries its completion while it holds the lease): both.
     store.complete(&completion).await.unwrap();
     assert_eq!(store.attempts(j.id).await.unwrap().len(), 1);
     assert_eq!(store.declines(j.id).await.unwrap().len(), 1);
     assert_eq!(
-        store.card_stop("fp_f", now).await.unwrap().map(|s| s.job_id),
+        store
+            .card_stop("fp_f", now)
+            .await
+            .unwrap()
+            .map(|s| s.job_id),
         Some(j.id)
     );
 }
