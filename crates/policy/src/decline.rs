@@ -824,7 +824,7 @@ mod tests {
         let e = QuotaRules::default()
             .with_card_stop(Network::Visa, Some(Duration::ZERO))
             .unwrap_err();
-        assert!(e.to_string().contains("card_stop.visa = 0s"), "{e}");
+        assert!(e.to_string().contains("card_stop.visa = 0ms"), "{e}");
     }
 
     #[test]

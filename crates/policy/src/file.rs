@@ -863,7 +863,7 @@ mod tests {
             ),
             (
                 "[quotas]\ncard_stop = { visa = \"0s\" }",
-                "quotas.card_stop.visa = 0s",
+                "quotas.card_stop.visa = 0ms",
             ),
             (
                 "[quotas]\ncard_stop = { diners = \"1d\" }",
