@@ -681,7 +681,8 @@ pub struct Completion {
     /// The decline the attempt got, if any: recorded in the completion's transaction (with
     /// the card stop it sets), so that no later claim decides a reattempt without it. Only
     /// when the completion applies (its lease still held).
-    pub decline: Option<crate::NewDecline>,
+    /// Boxed: a completion is held across the write's awaits, and declines are rare.
+    pub decline: Option<Box<crate::NewDecline>>,
 }
 
 impl Completion {
@@ -708,7 +709,7 @@ impl Completion {
 
     /// The same completion recording `decline` with it (see [`Completion::decline`]).
     pub fn with_decline(mut self, decline: crate::NewDecline) -> Self {
-        self.decline = Some(decline);
+        self.decline = Some(Box::new(decline));
         self
     }
 

@@ -115,8 +115,9 @@ struct Decided {
     step: Step,
     class: FailureClass,
     now: Timestamp,
-    /// The attempt's decline, written with its completion.
-    decline: Option<NewDecline>,
+    /// The attempt's decline, written with its completion (boxed: rare, and the executor's
+    /// future holds it).
+    decline: Option<Box<NewDecline>>,
 }
 
 impl Run {
@@ -264,26 +265,10 @@ impl Run {
             metrics,
         };
         // A card key stopped by another job's decline: no call (declines.rs).
-        if job.quota_key.is_some() {
-            let now = config.clock.now();
-            match Box::pin(declines::card_stop(&self.shared.db, job, now)).await {
-                Ok(None) => {}
-                Ok(Some(stop)) => {
-                    metrics::reattempt_blocked("card_stop");
-                    let action = claim
-                        .policy
-                        .decide_card_stop(&claim.counters, stop.until, now);
-                    let (t, _) = plan(action, &serde_json::Value::Null);
-                    tracing::info!(job = job.id, "{}", stop.describe());
-                    let why = Some(stop.describe());
-                    return Err(Box::pin(self.end_unattempted_why(&claim, t, why)).await);
-                }
-                Err(e) => {
-                    // Unknown whether the card is stopped: do not call.
-                    tracing::warn!(job = job.id, "reading the card key's stop failed: {e}");
-                    return Err(Box::pin(self.release(&claim)).await);
-                }
-            }
+        if job.quota_key.is_some()
+            && let Some(end) = Box::pin(self.card_stopped(&claim)).await
+        {
+            return Err(end);
         }
         // The card networks' rules before a call that follows a decline (declines.rs).
         if declines::may_follow_decline(job) {
@@ -303,6 +288,32 @@ impl Run {
                 .unwrap_or_default(),
         );
         Ok(claim)
+    }
+
+    /// The claim's end when its card key is stopped by another job's decline (dead
+    /// `card_stopped` or deferred, by the policy), or handed back when the stop cannot be
+    /// read; `None` to go on.
+    async fn card_stopped(&self, claim: &Claim<'_>) -> Option<Result<Summary, RuntimeError>> {
+        let job = claim.job;
+        let now = self.shared.config.clock.now();
+        let (t, why) = match declines::card_stop(&self.shared.db, job, now).await {
+            Ok(None) => return None,
+            Ok(Some(stop)) => {
+                metrics::reattempt_blocked("card_stop");
+                let action = claim
+                    .policy
+                    .decide_card_stop(&claim.counters, stop.until, now);
+                let why = stop.describe();
+                tracing::info!(job = job.id, "{why}");
+                (plan(action, &serde_json::Value::Null).0, Some(why))
+            }
+            Err(e) => {
+                // Unknown whether the card is stopped: do not call.
+                tracing::warn!(job = job.id, "reading the card key's stop failed: {e}");
+                (Transition::Released, None)
+            }
+        };
+        Some(self.end_unattempted_why(claim, t, why).await)
     }
 
     /// Admit: is the dependency open or paused (fleet-wide)? Then defer: not an attempt.
@@ -564,7 +575,7 @@ impl Run {
             // Written with the attempt's completion (record), in its transaction.
             let n = claim.counters.attempts + 1;
             let quotas = self.shared.config.policies.quotas();
-            decline = Some(declines::decline_of(job, n, advice, quotas, now));
+            decline = Some(Box::new(declines::decline_of(job, n, advice, quotas, now)));
             claim.last_decline = Some(declines::LastDecline::of(&advice, now));
             claim.declines_seen += 1;
         }
@@ -645,20 +656,22 @@ impl Run {
                 .then(|| attempted.response.clone())
                 .flatten(),
         };
-        let mut c = Completion::new(
-            claim.lease,
-            Some(attempt),
-            decided.verdict.counters,
-            decided.transition.clone(),
-            decided.now,
-        );
         // The decline commits with its attempt: no later claim decides without it.
-        c.decline = decided.decline.clone();
+        let c = Completion {
+            decline: decided.decline.clone(),
+            ..Completion::new(
+                claim.lease,
+                Some(attempt),
+                decided.verdict.counters,
+                decided.transition.clone(),
+                decided.now,
+            )
+        };
         // The attempt is recorded before any wait.
         match self.write(c, claim.lost).await {
             Err(e) if e.is_lease_lost() => {
                 if let Some(d) = decided.decline.clone()
-                    && let Err(e) = Box::pin(declines::record_alone(&self.shared.db, d)).await
+                    && let Err(e) = Box::pin(declines::record_alone(&self.shared.db, *d)).await
                 {
                     tracing::warn!(job = job.id, "recording the decline failed: {e}");
                 }
