@@ -29,6 +29,14 @@ fn policy_show_lists_the_decline_rows_and_the_quotas() {
     );
     assert!(out.contains("visa 15/720h"), "{out}");
     assert!(out.contains("mastercard 10/24h + 35/720h"), "{out}");
+    assert!(
+        out.contains(
+            "card stops after visa category 1, MAC 03, MAC 21: visa 720h, mastercard 720h \
+             (a stopped card's other jobs: dead)"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("card_stop"), "{out}");
     for row in [
         "visa category 1",
         "mastercard MAC 24-30",
