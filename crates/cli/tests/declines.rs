@@ -240,6 +240,19 @@ fn a_category_1_decline_stops_every_job_of_the_card_until_lifted() {
         ["renewal-1", "other-1"],
         "one call for each card, none after the stop"
     );
+    let stats = |addr: &str| -> serde_json::Value {
+        let r = redrive_testkit::cli::http_request(
+            addr,
+            "GET",
+            "/_sim/stats",
+            &[] as &[&str],
+            "",
+            std::time::Duration::from_secs(30),
+        )
+        .unwrap();
+        serde_json::from_str(&r.body).unwrap()
+    };
+    assert_eq!(stats(&addr)["card_stop_attempts"], 0, "the judge saw none");
     assert!(ok(&redrive(&db, &["show", "1"])).contains("dead (do_not_retry)"));
     for id in ["2", "3", "4"] {
         let v: serde_json::Value =
@@ -312,4 +325,6 @@ fn a_category_1_decline_stops_every_job_of_the_card_until_lifted() {
         ["renewal-1", "other-1", "renewal-2"],
         "the lifted card is called again"
     );
+    // A lift is the operator's decision, not the network's: the judge counts the call.
+    assert_eq!(stats(&addr)["card_stop_attempts_by_card"]["fp_stop"], 1);
 }

@@ -197,6 +197,14 @@ fn check(o: &Outcome) {
         "the run made reattempts: {:?}",
         o.stats
     );
+    // Card stops (issue 41 item 2): a call on a stopped card can only be one already on its
+    // way when the stopping decline was answered (0 in the runs seen; without card stops,
+    // hundreds: see the control below).
+    assert!(
+        o.stats.card_stop_attempts <= 5,
+        "calls on stopped cards: {:?}",
+        o.stats.card_stop_attempts_by_card
+    );
     // Approved renewals charged exactly once: one effect per succeeded job, none twice.
     assert_eq!(o.stats.charges, o.succeeded, "{:?}", o.stats);
     assert_eq!(o.stats.duplicate_effects, 0);
@@ -217,12 +225,14 @@ fn check(o: &Outcome) {
         );
     }
     eprintln!(
-        "{} jobs: {} succeeded, dead {:?}; simulator: {} requests, {} reattempts, declines {:?}",
+        "{} jobs: {} succeeded, dead {:?}; simulator: {} requests, {} reattempts, \
+         {} attempts on stopped cards, declines {:?}",
         o.jobs,
         o.succeeded,
         o.dead_reasons,
         o.stats.requests_total,
         o.stats.reattempts,
+        o.stats.card_stop_attempts,
         o.stats.declines_by_code
     );
 }
@@ -263,6 +273,9 @@ async fn a_worker_with_a_wrong_table_is_caught_by_the_independent_judge() {
     let right = run_with(150, 4, http(), 5, policies_with(right_quotas())).await;
     assert_eq!(right.stats.reattempt_violations, 0, "{:?}", right.stats);
     assert!(right.stats.reattempts > 0, "{:?}", right.stats);
+    // Without card stops, the judge counts the calls on cards a category 1 / MAC 03 / MAC 21
+    // stopped (item 2's check, on the judge's side).
+    assert!(right.stats.card_stop_attempts > 0, "{:?}", right.stats);
     let off_by_one = right_quotas().with(Network::Visa, vec![w(4, 3600)]);
     let o = run_with(150, 4, http(), 5, policies_with(off_by_one)).await;
     assert!(

@@ -190,6 +190,10 @@ pub(crate) struct DeclineBook {
     pub(crate) violations: u64,
     pub(crate) violations_by_card: BTreeMap<String, u64>,
     pub(crate) reattempts_total: u64,
+    /// Cards stopped by a never-retry decline: the transaction that stopped it, and until when.
+    stopped: HashMap<String, (String, Duration)>,
+    pub(crate) card_stop_attempts: u64,
+    pub(crate) card_stop_attempts_by_card: BTreeMap<String, u64>,
 }
 
 impl DeclineBook {
@@ -214,6 +218,16 @@ impl DeclineBook {
         declined: Option<DeclineKind>,
     ) -> Vec<Violation> {
         let mut found = Vec::new();
+        if let Some((by, until)) = self.stopped.get(card)
+            && by != key
+            && now < *until
+        {
+            self.card_stop_attempts += 1;
+            *self
+                .card_stop_attempts_by_card
+                .entry(card.to_owned())
+                .or_default() += 1;
+        }
         if let Some((prev, at)) = self.last.get(key).copied() {
             self.reattempts_total += 1;
             match self.rules.after(prev) {
@@ -246,6 +260,12 @@ impl DeclineBook {
             Some(k) => {
                 *self.by_code.entry(k.to_string()).or_default() += 1;
                 self.last.insert(key.to_owned(), (k, now));
+                if self.rules.after(k) == After::Never
+                    && let Some(w) = self.rules.card_stop(JudgeRules::network(k))
+                {
+                    self.stopped
+                        .insert(card.to_owned(), (key.to_owned(), now + w));
+                }
             }
             None => {
                 self.last.remove(key);
@@ -338,6 +358,15 @@ mod tests {
         assert!(b.authorise("k4", "e", s(125), None).is_empty());
         assert_eq!(b.violations, 3);
         assert_eq!(b.violations_by_card.get("e"), Some(&1));
+        // Card c was stopped by k1's category 1: k2's two authorisations on it are counted
+        // apart (not k1's own reattempt, a violation above), and so is another's.
+        assert_eq!(b.card_stop_attempts, 2);
+        assert!(b.authorise("k9", "c", s(2), None).is_empty());
+        assert_eq!(b.card_stop_attempts_by_card.get("c"), Some(&3));
+        // Card d (MAC 24, not a stop) is not; nor card c after its 30 days.
+        assert!(b.authorise("k8", "d", s(2), None).is_empty());
+        assert!(b.authorise("k7", "c", s(31 * 86_400), None).is_empty());
+        assert_eq!(b.card_stop_attempts, 3);
         assert_eq!(b.by_code.get("visa2"), Some(&4));
     }
 }

@@ -132,6 +132,21 @@ const WINDOWS: &[(CardNetwork, &[ReattemptWindow], NaiveDate)] = &[
     ),
 ];
 
+/// How long a never-retry decline (Visa category 1, MAC 03, MAC 21) stops the card: every
+/// later attempt on it, of any transaction, is charged: (network, window, in force from).
+const CARD_STOPS: &[(CardNetwork, Duration, NaiveDate)] = &[
+    // Source: issue 41 ("the networks charge for every later attempt on that card at that
+    // merchant for 30 days"), from Visa's excessive-reattempt rule counted over 30 days.
+    // Date: not given.
+    (CardNetwork::Visa, Duration::from_secs(30 * DAY), ALWAYS),
+    // Source: the same, for Mastercard MAC 03 and 21. Date: not given.
+    (
+        CardNetwork::Mastercard,
+        Duration::from_secs(30 * DAY),
+        ALWAYS,
+    ),
+];
+
 /// The rows the judge applies: what follows each decline, and each network's windows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JudgeRules {
@@ -189,6 +204,15 @@ impl JudgeRules {
             .filter(|(c, _, from)| *c == code && *from <= self.as_of)
             .max_by_key(|(_, _, from)| *from)
             .map_or(After::Later, |(_, a, _)| *a)
+    }
+
+    /// How long a never-retry decline of `network` stops the card.
+    pub fn card_stop(&self, network: CardNetwork) -> Option<Duration> {
+        CARD_STOPS
+            .iter()
+            .filter(|(n, _, from)| *n == network && *from <= self.as_of)
+            .max_by_key(|(_, _, from)| *from)
+            .map(|(_, d, _)| *d)
     }
 
     /// The network of a decline kind, as the judge counts it.

@@ -187,6 +187,8 @@ impl SimState {
             reattempts: core.declines.reattempts_total,
             reattempt_violations: core.declines.violations,
             reattempt_violations_by_card: core.declines.violations_by_card.clone(),
+            card_stop_attempts: core.declines.card_stop_attempts,
+            card_stop_attempts_by_card: core.declines.card_stop_attempts_by_card.clone(),
             ..core.rec.snapshot()
         }
     }
