@@ -160,7 +160,7 @@ pub(crate) enum Command {
     RunNow(RunNowArgs),
     /// The audit trail of operator actions, newest first.
     Audit(AuditArgs),
-    /// Card reattempt quotas: `quota show KEY`.
+    /// Card reattempt quotas and card stops: `quota show KEY`, `quota lift KEY`.
     #[command(subcommand)]
     Quota(QuotaCommand),
 }
@@ -168,11 +168,15 @@ pub(crate) enum Command {
 /// `redrive quota ...`.
 #[derive(Debug, Subcommand)]
 pub(crate) enum QuotaCommand {
-    /// A card key's reattempts in each window of its network's quota (from the policies file).
+    /// A card key's reattempts in each window of its network's quota (from the policies file),
+    /// and its card stop if a decline stopped it.
     Show(QuotaShowArgs),
+    /// Lifts a card key's stop (set by a Visa category 1 / MAC 03 / MAC 21 decline; audited):
+    /// its jobs are called again from their next claim.
+    Lift(QuotaShowArgs),
 }
 
-/// `redrive quota show`.
+/// `redrive quota show` and `redrive quota lift`.
 #[derive(Debug, Args)]
 pub(crate) struct QuotaShowArgs {
     /// The card key (a job's `quota_key`).
@@ -356,6 +360,10 @@ pub(crate) struct WorkArgs {
     /// Lease length (heartbeats every third of it).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub(crate) lease: std::time::Duration,
+    /// Fail closed: when a dependency's breaker row cannot be read, defer the job this long
+    /// instead of calling (default: call, fail open; docs/safety.md has the trade-off).
+    #[arg(long = "fail-closed", value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) fail_closed: Option<std::time::Duration>,
     #[command(flatten)]
     pub(crate) egress: EgressArgs,
     #[command(flatten)]

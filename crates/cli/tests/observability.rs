@@ -345,7 +345,8 @@ fn the_alert_rules_parse() {
             String::from_utf8_lossy(&o.stdout),
             String::from_utf8_lossy(&o.stderr)
         ),
-        Err(e) if std::env::var("CI").as_deref() == Ok("true") => {
+        // `CI` read through the testkit (`true` or `1`), as everywhere else.
+        Err(e) if redrive_testkit::ci() => {
             panic!("promtool is needed in CI (apt-get install prometheus): {e}")
         }
         Err(e) => eprintln!("promtool not run ({e}); install Debian's prometheus package"),

@@ -153,6 +153,7 @@ fn dead_jobs(store: &Store) -> Vec<i64> {
             transition: Transition::Dead { reason },
             error: Some(error.into()),
             now,
+            decline: None,
         }))
         .unwrap();
         ids.push(j.id);
@@ -336,6 +337,15 @@ fn breakers_force_open_stops_calls_fleet_wide_and_auto_lets_them_go() {
             })
             .collect()
     };
+    // Two worker processes, shown calling first (issue 41: "no call while forced open" means
+    // something only after calls were flowing).
+    let workers = vec![worker(&db, "pay"), worker(&db, "pay")];
+    let warm = enqueue(1, 100);
+    wait_for("the workers call the PSP", Duration::from_secs(30), || {
+        state(&store, warm[0]) == JobState::Succeeded
+    });
+    let calls = sim.stats().requests_total;
+    assert_eq!(calls, 1, "the warm-up charge reached the PSP");
     let o = ok(&redrive(
         &db,
         &["breakers", "force", "psp", "open", "--json"],
@@ -348,11 +358,14 @@ fn breakers_force_open_stops_calls_fleet_wide_and_auto_lets_them_go() {
     assert!(t.contains("open (forced)"), "{t}");
     let st = text(&redrive(&db, &["stats"]));
     assert!(st.contains("open (forced)"), "{st}");
-    // Two worker processes: neither calls while the breaker is forced open.
-    let workers = vec![worker(&db, "pay"), worker(&db, "pay")];
+    // Neither worker calls while the breaker is forced open.
     let first = enqueue(10, 0);
     std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(sim.stats().requests_total, 0, "no call while forced open");
+    assert_eq!(
+        sim.stats().requests_total,
+        calls,
+        "no call while forced open"
+    );
     for id in &first {
         assert_eq!(state(&store, *id), JobState::Available);
     }
@@ -363,7 +376,7 @@ fn breakers_force_open_stops_calls_fleet_wide_and_auto_lets_them_go() {
             .all(|id| state(&store, *id) == JobState::Succeeded)
     });
     let after_auto = sim.stats().requests_total;
-    assert_eq!(after_auto, 10);
+    assert_eq!(after_auto, calls + 10);
     // Forced open again while the workers run: no further call reaches the PSP.
     ok(&redrive(&db, &["breakers", "force", "psp", "open"]));
     let second = enqueue(10, 10);
@@ -378,7 +391,7 @@ fn breakers_force_open_stops_calls_fleet_wide_and_auto_lets_them_go() {
             .all(|id| state(&store, *id) == JobState::Succeeded)
     });
     stop(workers);
-    assert_eq!(sim.stats().requests_total, 20);
+    assert_eq!(sim.stats().requests_total, calls + 20);
     let audit = ok(&redrive(&db, &["audit", "--json"]));
     let modes: Vec<&str> = audit["audit"]
         .as_array()

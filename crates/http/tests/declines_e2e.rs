@@ -1,6 +1,9 @@
 //! Card declines end to end: subscription renewals through the `http` kind, over real HTTP, to
-//! the PSP simulator answering a mix of declines; the simulator's own book checks every
-//! reattempt against the card networks' rules.
+//! the PSP simulator answering a mix of declines; the simulator's own judge checks every
+//! reattempt against the card networks' rules. The judge's rows are its own
+//! (`redrive_psp_sim::judge`), and its windows here are written apart from the worker's
+//! (`judge()` against `quotas()`): two controls give the worker a wrong table (a quota off by
+//! one, a category flipped) and see the judge report violations.
 //!
 //! The scenario: 2,000 subscription renewals over 300 card keys, 40% declined with a mix of
 //! Visa categories and Mastercard advice codes (about 5 s in a debug build).
@@ -14,7 +17,9 @@ use redrive_http::{DeclineMap, EgressPolicy, HttpJob};
 use redrive_policy::{
     FailureClass, Jitter, Network, PolicySet, QuotaRules, QuotaWindow, RetryPolicy, StatusTable,
 };
-use redrive_psp_sim::{Faults, PspSim, Stats, parse_decline_mix};
+use redrive_psp_sim::{
+    CardNetwork, Faults, JudgeRules, PspSim, ReattemptWindow, Stats, parse_decline_mix,
+};
 use redrive_runtime::Worker;
 use redrive_store::{JobState, ListParams, NewJob, Store};
 use serde_json::json;
@@ -32,7 +37,23 @@ fn quotas() -> QuotaRules {
         .with(Network::Mastercard, vec![w(2, 600), w(3, 3600)])
 }
 
+/// The judge's windows for the run: the same figures as `quotas()`, written again in the
+/// judge's own terms (not read from the worker's configuration).
+fn judge() -> JudgeRules {
+    let w = |max, secs| ReattemptWindow {
+        max,
+        within: Duration::from_secs(secs),
+    };
+    JudgeRules::default()
+        .with_windows(CardNetwork::Visa, vec![w(3, 3600)])
+        .with_windows(CardNetwork::Mastercard, vec![w(2, 600), w(3, 3600)])
+}
+
 fn policies() -> PolicySet {
+    policies_with(quotas())
+}
+
+fn policies_with(quotas: QuotaRules) -> PolicySet {
     let mut set = PolicySet::builtin();
     set.insert(
         RetryPolicy::builder("renewal")
@@ -44,7 +65,7 @@ fn policies() -> PolicySet {
             .build()
             .unwrap(),
     );
-    set.set_quotas(quotas());
+    set.set_quotas(quotas);
     set
 }
 
@@ -57,6 +78,10 @@ struct Outcome {
 }
 
 async fn run(jobs: u64, cards: u64, http: HttpJob, seed: u64) -> Outcome {
+    run_with(jobs, cards, http, seed, policies()).await
+}
+
+async fn run_with(jobs: u64, cards: u64, http: HttpJob, seed: u64, set: PolicySet) -> Outcome {
     let sim = PspSim::builder()
         .faults(Faults {
             decline_rate: 0.4,
@@ -67,7 +92,7 @@ async fn run(jobs: u64, cards: u64, http: HttpJob, seed: u64) -> Outcome {
         // Off: every charge that reaches the ledger is an effect, so a second charge for
         // one renewal would show in `charges` and `duplicate_effects`.
         .ledger_dedupe(false)
-        .reattempt_quotas(quotas())
+        .judge(judge())
         .start("127.0.0.1:0")
         .await
         .unwrap();
@@ -75,7 +100,6 @@ async fn run(jobs: u64, cards: u64, http: HttpJob, seed: u64) -> Outcome {
     let store = Store::connect(&format!("sqlite:{}", dir.path().join("q.db").display()))
         .await
         .unwrap();
-    let set = policies();
     let policy = set.get("renewal").unwrap().clone();
     let new: Vec<NewJob> = (0..jobs)
         .map(|i| {
@@ -173,6 +197,14 @@ fn check(o: &Outcome) {
         "the run made reattempts: {:?}",
         o.stats
     );
+    // Card stops (issue 41 item 2): a call on a stopped card can only be one already on its
+    // way when the stopping decline was answered (0 in the runs seen; without card stops,
+    // hundreds: see the control below).
+    assert!(
+        o.stats.card_stop_attempts <= 5,
+        "calls on stopped cards: {:?}",
+        o.stats.card_stop_attempts_by_card
+    );
     // Approved renewals charged exactly once: one effect per succeeded job, none twice.
     assert_eq!(o.stats.charges, o.succeeded, "{:?}", o.stats);
     assert_eq!(o.stats.duplicate_effects, 0);
@@ -193,12 +225,14 @@ fn check(o: &Outcome) {
         );
     }
     eprintln!(
-        "{} jobs: {} succeeded, dead {:?}; simulator: {} requests, {} reattempts, declines {:?}",
+        "{} jobs: {} succeeded, dead {:?}; simulator: {} requests, {} reattempts, \
+         {} attempts on stopped cards, declines {:?}",
         o.jobs,
         o.succeeded,
         o.dead_reasons,
         o.stats.requests_total,
         o.stats.reattempts,
+        o.stats.card_stop_attempts,
         o.stats.declines_by_code
     );
 }
@@ -219,6 +253,52 @@ async fn a_client_blind_to_declines_breaks_the_rules() {
     )
     .await;
     assert!(o.stats.reattempt_violations > 0, "{:?}", o.stats);
+}
+
+/// Issue 41 item 1: the worker's table deliberately wrong, the judge's right. A Visa quota off
+/// by one (4 an hour where the judge counts 3), then Visa category 1 read as category 2 (the
+/// response mapping flips it): each run breaks the rules, and the judge says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_with_a_wrong_table_is_caught_by_the_independent_judge() {
+    let http = || {
+        HttpJob::with_egress(StatusTable::default(), EgressPolicy::loopback_only())
+            .unwrap()
+            .with_declines(DeclineMap::preset("redrive").unwrap())
+    };
+    let w = |max, secs| QuotaWindow::new(max, Duration::from_secs(secs)).unwrap();
+    // Four cards: without card stops (item 2, which would end most of their jobs early), so
+    // that the reattempts reach the quotas.
+    let right_quotas = || quotas().without_card_stops();
+    // The right table on the same renewals: no violation (so the two below are the tables').
+    let right = run_with(150, 4, http(), 5, policies_with(right_quotas())).await;
+    assert_eq!(right.stats.reattempt_violations, 0, "{:?}", right.stats);
+    assert!(right.stats.reattempts > 0, "{:?}", right.stats);
+    // Without card stops, the judge counts the calls on cards a category 1 / MAC 03 / MAC 21
+    // stopped (item 2's check, on the judge's side).
+    assert!(right.stats.card_stop_attempts > 0, "{:?}", right.stats);
+    let off_by_one = right_quotas().with(Network::Visa, vec![w(4, 3600)]);
+    let o = run_with(150, 4, http(), 5, policies_with(off_by_one)).await;
+    assert!(
+        o.stats.reattempt_violations > 0,
+        "a Visa quota of 4 against the judge's 3: {:?}",
+        o.stats
+    );
+    // Category 1 flipped to 2: the worker reads the category from the PSP's own code.
+    let flipped = DeclineMap::from_payload(&json!({
+        "statuses": [402], "network": "/network", "advice_code": "/advice_code",
+        "psp_code": "/decline_code",
+        "codes": {"visa1": 2, "visa2": 2, "visa3": 3, "visa4": 4}, "codes_default": 4
+    }))
+    .unwrap();
+    let http = HttpJob::with_egress(StatusTable::default(), EgressPolicy::loopback_only())
+        .unwrap()
+        .with_declines(flipped);
+    let o = run_with(150, 4, http, 5, policies_with(right_quotas())).await;
+    assert!(
+        o.stats.reattempt_violations > 0,
+        "category 1 reattempted as 2: {:?}",
+        o.stats
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -341,6 +341,17 @@ impl DeclineAdvice {
         }
     }
 
+    /// Whether this decline stops the card, not only the job: Visa category 1 and Mastercard
+    /// MAC 03 (never reattempt) and MAC 21 (recurring stopped) apply to every later attempt
+    /// on the card at this merchant, which the networks charge for
+    /// ([`QuotaRules::card_stop`] says for how long).
+    pub fn stops_card(&self) -> bool {
+        matches!(
+            self.rule(),
+            DeclineRule::NeverRetry | DeclineRule::RecurringStopped
+        )
+    }
+
     /// A short text for logs, attempts and `redrive show`: `visa 05 cat 1`, `mastercard 51 mac 25`.
     pub fn describe(&self) -> String {
         let mut s = self.network.as_str().to_owned();
@@ -460,6 +471,12 @@ pub const DECLINE_ROWS: &[(&str, &str, &str, &str)] = &[
         "Mastercard MAC 21: payment cancellation, recurring stopped",
     ),
     (
+        "card stopped (another job's visa category 1, MAC 03, MAC 21)",
+        "card_stop",
+        "dead card_stopped, no call (declines.card_stop = \"wait\": deferred until the stop ends); redrive quota lift KEY ends it",
+        "Visa category 1, MAC 03/21: further attempts on the card are charged for 30 days",
+    ),
+    (
         "quota used up",
         "reattempt_quota",
         "deferred until the oldest reattempt leaves the window (reason reattempt_quota), or dead reattempt_quota past the deadline",
@@ -525,12 +542,25 @@ pub const MAX_QUOTA: u32 = 100_000;
 /// - `mastercard`: 10 in 24 h and 35 in 30 days (Mastercard's excessive-attempt programme);
 /// - `amex`, `discover`, `other`: no quota.
 ///
+/// # Card stops
+/// A decline that stops the card ([`DeclineAdvice::stops_card`]: Visa category 1, Mastercard
+/// MAC 03 and 21) blocks every other job of the same card key for its network's stop window
+/// ([`QuotaRules::card_stop`]): by default 30 days for Visa and Mastercard (the window in
+/// which both networks count further attempts on the card), none for the others. The
+/// policies file sets them in `[quotas] card_stop = { visa = "30d", mastercard = "off" }`.
+///
 /// Every figure can be overridden in the policies file (`[quotas]`), because the networks
 /// change them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QuotaRules {
     rules: std::collections::BTreeMap<Network, Vec<QuotaWindow>>,
+    stops: std::collections::BTreeMap<Network, Duration>,
 }
+
+/// The default card stop window after a Visa category 1 or Mastercard MAC 03/21 decline:
+/// 30 days (Visa's excessive-reattempt rule and Mastercard's excessive-attempt programme both
+/// count attempts on the card over 30 days).
+pub const DEFAULT_CARD_STOP: Duration = Duration::from_secs(30 * 86_400);
 
 impl Default for QuotaRules {
     fn default() -> Self {
@@ -556,16 +586,73 @@ impl Default for QuotaRules {
                 },
             ],
         );
-        Self { rules }
+        Self {
+            rules,
+            stops: Self::default_stops(),
+        }
     }
 }
 
 impl QuotaRules {
-    /// No quota for any network.
+    /// No quota for any network. The card stops keep their defaults (they are not a quota:
+    /// [`QuotaRules::without_card_stops`] removes them).
     pub fn none() -> Self {
         Self {
             rules: Default::default(),
+            stops: Self::default_stops(),
         }
+    }
+
+    fn default_stops() -> std::collections::BTreeMap<Network, Duration> {
+        [
+            (Network::Visa, DEFAULT_CARD_STOP),
+            (Network::Mastercard, DEFAULT_CARD_STOP),
+        ]
+        .into_iter()
+        .collect()
+    }
+
+    /// How long a decline that stops the card ([`DeclineAdvice::stops_card`]) blocks every
+    /// other job of the card key, for a decline of `network`; `None`: no card stop.
+    pub fn card_stop(&self, network: Network) -> Option<Duration> {
+        self.stops.get(&network).copied()
+    }
+
+    /// Sets a network's card stop window (`None`: no card stop for it).
+    ///
+    /// # Errors
+    /// [`PolicyError::InvalidField`] naming `card_stop` for a window of 0 s or above 365 days.
+    pub fn with_card_stop(
+        mut self,
+        network: Network,
+        window: Option<Duration>,
+    ) -> Result<Self, PolicyError> {
+        match window {
+            Some(w) if w.is_zero() || w > crate::MAX_DEADLINE => Err(PolicyError::invalid(
+                format!("card_stop.{network}"),
+                format_duration(w),
+                "above 0s and at most 365 days, or \"off\"",
+            )),
+            Some(w) => {
+                self.stops.insert(network, w);
+                Ok(self)
+            }
+            None => {
+                self.stops.remove(&network);
+                Ok(self)
+            }
+        }
+    }
+
+    /// No card stop for any network.
+    pub fn without_card_stops(mut self) -> Self {
+        self.stops.clear();
+        self
+    }
+
+    /// Every network with a card stop, and its window.
+    pub fn card_stops(&self) -> impl Iterator<Item = (Network, Duration)> + '_ {
+        self.stops.iter().map(|(n, d)| (*n, *d))
     }
 
     /// Sets a network's windows (an empty list: no quota). Each window was checked by
@@ -711,6 +798,33 @@ mod tests {
         assert_eq!(q.windows(Network::Mastercard)[0].max(), 10);
         assert_eq!(q.windows(Network::Mastercard)[1].max(), 35);
         assert!(q.windows(Network::Amex).is_empty());
+        assert_eq!(q.card_stop(Network::Visa), Some(DEFAULT_CARD_STOP));
+        assert_eq!(q.card_stop(Network::Mastercard), Some(DEFAULT_CARD_STOP));
+        assert_eq!(q.card_stop(Network::Amex), None);
+    }
+
+    #[test]
+    fn only_category_1_mac_03_and_21_stop_the_card() {
+        let v = |cat| DeclineAdvice::new(Network::Visa, Some("05"), Some(cat), None).unwrap();
+        let mc = |m| DeclineAdvice::mastercard("05", Some(m)).unwrap();
+        assert!(v(1).stops_card());
+        assert!(mc(3).stops_card() && mc(21).stops_card());
+        for a in [v(2), v(3), v(4), mc(1), mc(2), mc(4), mc(24), mc(30)] {
+            assert!(!a.stops_card(), "{}", a.describe());
+        }
+        // Derived from the response code (14: category 1).
+        assert!(DeclineAdvice::visa("14", None).unwrap().stops_card());
+        let q = QuotaRules::default()
+            .with_card_stop(Network::Visa, None)
+            .unwrap()
+            .with_card_stop(Network::Amex, Some(Duration::from_secs(60)))
+            .unwrap();
+        assert_eq!(q.card_stop(Network::Visa), None);
+        assert_eq!(q.card_stop(Network::Amex), Some(Duration::from_secs(60)));
+        let e = QuotaRules::default()
+            .with_card_stop(Network::Visa, Some(Duration::ZERO))
+            .unwrap_err();
+        assert!(e.to_string().contains("card_stop.visa = 0ms"), "{e}");
     }
 
     #[test]

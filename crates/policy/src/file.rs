@@ -29,11 +29,14 @@
 //!
 //! [policy.checkout.declines]
 //! retry_later = "6h"       # wait after a Visa category 2/4 or MAC 02 decline
+//! card_stop = "dead"       # a job of a stopped card: "dead" (default) or "wait"
 //!
 //! # Per-card reattempt quotas after a decline, fleet-wide (defaults: the networks' rules).
 //! [quotas]
 //! visa = [{ max = 15, window = "30d" }]
 //! mastercard = [{ max = 10, window = "24h" }, { max = 35, window = "30d" }]
+//! # How long a Visa category 1 / MAC 03 / MAC 21 decline stops every job of the card key.
+//! card_stop = { visa = "30d", mastercard = "30d" }   # the default; "off" for none
 //!
 //! [breaker.default]
 //! window_calls = 50
@@ -133,7 +136,32 @@ impl PolicySet {
             let c = rb.into_flow().map_err(|e| e.within(&prefix))?;
             set.flows.insert(name, c);
         }
-        for (network, windows) in raw.quotas {
+        for (network, window) in raw.quotas.card_stop {
+            let n: Network = network.parse().map_err(|e: crate::ParseNameError| {
+                PolicyError::invalid(
+                    "quotas.card_stop",
+                    format!("{network:?}"),
+                    format!("a network: {}", e.expected),
+                )
+            })?;
+            let w = if window == "off" {
+                None
+            } else {
+                Some(parse_duration(&window).map_err(|e| {
+                    PolicyError::invalid(
+                        format!("quotas.card_stop.{n}"),
+                        format!("{window:?}"),
+                        format!("{} or \"off\"", e.expected()),
+                    )
+                })?)
+            };
+            set.quotas = set
+                .quotas
+                .clone()
+                .with_card_stop(n, w)
+                .map_err(|e| e.within("quotas"))?;
+        }
+        for (network, windows) in raw.quotas.windows {
             let n: Network = network.parse().map_err(|e: crate::ParseNameError| {
                 PolicyError::invalid(
                     "quotas",
@@ -227,7 +255,16 @@ struct RawFile {
     #[serde(default)]
     breaker: BTreeMap<String, RawBreaker>,
     #[serde(default)]
-    quotas: BTreeMap<String, Vec<RawQuota>>,
+    quotas: RawQuotas,
+}
+
+/// `[quotas]`: the networks' windows, and `card_stop`.
+#[derive(Debug, Default, Deserialize)]
+struct RawQuotas {
+    #[serde(default)]
+    card_stop: BTreeMap<String, String>,
+    #[serde(flatten)]
+    windows: BTreeMap<String, Vec<RawQuota>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -241,6 +278,7 @@ struct RawQuota {
 #[serde(deny_unknown_fields)]
 struct RawDeclines {
     retry_later: Option<String>,
+    card_stop: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -442,6 +480,9 @@ impl RawPolicy {
         }
         if let Some(d) = self.declines.as_ref().and_then(|d| d.retry_later.as_ref()) {
             p = p.with_decline_retry_later(dur("declines.retry_later", d)?);
+        }
+        if let Some(a) = self.declines.as_ref().and_then(|d| d.card_stop.as_ref()) {
+            p = p.with_card_stop(a.parse()?);
         }
         if let Some(d) = &self.blocked_jitter {
             p = p.with_blocked_jitter(dur("blocked_jitter", d)?);
@@ -777,6 +818,65 @@ mod tests {
         let e =
             PolicySet::from_toml("[quotas]\nvisa = [{ max = 1, window = \"soon\" }]").unwrap_err();
         assert!(e.to_string().contains("quotas.visa[0].window"), "{e}");
+    }
+
+    #[test]
+    fn card_stops_and_their_action_are_read_and_checked() {
+        use crate::{CardStopAction, DEFAULT_CARD_STOP};
+        let set = PolicySet::from_toml("").unwrap();
+        assert_eq!(
+            set.quotas().card_stop(Network::Visa),
+            Some(DEFAULT_CARD_STOP)
+        );
+        assert_eq!(
+            set.get("payment").unwrap().card_stop(),
+            CardStopAction::Dead
+        );
+        let set = PolicySet::from_toml(
+            r#"
+            [quotas]
+            visa = [{ max = 20, window = "30d" }]
+            card_stop = { visa = "7d", mastercard = "off", amex = "1d" }
+            [policy.subs]
+            extends = "payment"
+            [policy.subs.declines]
+            card_stop = "wait"
+            "#,
+        )
+        .unwrap();
+        let q = set.quotas();
+        assert_eq!(
+            q.card_stop(Network::Visa),
+            Some(Duration::from_secs(7 * 86_400))
+        );
+        assert_eq!(q.card_stop(Network::Mastercard), None);
+        assert_eq!(
+            q.card_stop(Network::Amex),
+            Some(Duration::from_secs(86_400))
+        );
+        assert_eq!(q.windows(Network::Visa)[0].max(), 20);
+        assert_eq!(set.get("subs").unwrap().card_stop(), CardStopAction::Wait);
+        for (toml, field) in [
+            (
+                "[quotas]\ncard_stop = { visa = \"soon\" }",
+                "quotas.card_stop.visa",
+            ),
+            (
+                "[quotas]\ncard_stop = { visa = \"0s\" }",
+                "quotas.card_stop.visa = 0ms",
+            ),
+            (
+                "[quotas]\ncard_stop = { diners = \"1d\" }",
+                "quotas.card_stop",
+            ),
+            (
+                "[policy.p.declines]\ncard_stop = \"later\"",
+                "policy.p.declines.card_stop = \"later\"",
+            ),
+        ] {
+            let e = PolicySet::from_toml(toml).unwrap_err().to_string();
+            assert!(e.contains(field), "{toml}: {e}");
+        }
     }
 
     use super::*;

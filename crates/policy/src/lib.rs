@@ -52,9 +52,9 @@ pub use breaker::{
 };
 pub use budget::{RetryBudget, RetryBudgetBuilder};
 pub use decline::{
-    DECLINE_ROWS, DeclineAdvice, DeclineRule, MAX_QUOTA, Network, QuotaExhausted, QuotaRules,
-    QuotaWindow, ResponseCode, VISA_CATEGORY_1, VISA_CATEGORY_2, VISA_CATEGORY_3, mac_wait,
-    visa_category_of,
+    DECLINE_ROWS, DEFAULT_CARD_STOP, DeclineAdvice, DeclineRule, MAX_QUOTA, Network,
+    QuotaExhausted, QuotaRules, QuotaWindow, ResponseCode, VISA_CATEGORY_1, VISA_CATEGORY_2,
+    VISA_CATEGORY_3, mac_wait, visa_category_of,
 };
 pub use duration::{ParseDurationError, format_duration, parse_duration};
 pub use error::PolicyError;
@@ -70,10 +70,10 @@ pub use flow::{
 pub use jitter::{Jitter, MAX_PROPORTIONAL_FACTOR, ProportionalFactor};
 pub use outcome::{Outcome, StatusTable};
 pub use policy::{
-    Action, DEFAULT_BLOCKED_JITTER, DEFAULT_DECLINE_RETRY_LATER, DEFAULT_IN_PROCESS_MAX_WAIT,
-    DEFAULT_RETRY_AFTER_MAX, DeferPhase, DelaySource, JobCounters, MAX_ATTEMPTS_LIMIT,
-    MAX_DEADLINE, MAX_DEFERS_LIMIT, MAX_IN_PROCESS_MAX_WAIT, RetryPhase, RetryPolicy,
-    RetryPolicyBuilder, Verdict,
+    Action, CardStopAction, DEFAULT_BLOCKED_JITTER, DEFAULT_DECLINE_RETRY_LATER,
+    DEFAULT_IN_PROCESS_MAX_WAIT, DEFAULT_RETRY_AFTER_MAX, DeferPhase, DelaySource, JobCounters,
+    MAX_ATTEMPTS_LIMIT, MAX_DEADLINE, MAX_DEFERS_LIMIT, MAX_IN_PROCESS_MAX_WAIT, RetryPhase,
+    RetryPolicy, RetryPolicyBuilder, Verdict,
 };
 pub use reason::{DeadReason, DeferReason, FailureClass, ParseNameError, PauseReason, RetryMode};
 pub use retry_after::{RetryAfterError, parse_retry_after, retry_after_clamped};

@@ -103,6 +103,45 @@ pub struct RetryPolicy {
     status: StatusTable,
     /// The wait after a "retry later" decline (Visa category 2/4, Mastercard MAC 02).
     decline_retry_later: Duration,
+    /// What a job of a stopped card key does (`declines.card_stop`).
+    card_stop: CardStopAction,
+}
+
+/// What a job does when its card key is stopped by another job's decline (Visa category 1,
+/// Mastercard MAC 03/21): the policy's `declines.card_stop`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CardStopAction {
+    /// Dead `card_stopped` at once, no call (the default: the card will not be approved).
+    #[default]
+    Dead,
+    /// Deferred until the stop ends (reason `card_stopped`), or dead `card_stopped` when
+    /// that is after the job's deadline; an operator's lift lets it run at its time.
+    Wait,
+}
+
+impl CardStopAction {
+    /// The name in the policies file: `dead` or `wait`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            CardStopAction::Dead => "dead",
+            CardStopAction::Wait => "wait",
+        }
+    }
+}
+
+impl std::str::FromStr for CardStopAction {
+    type Err = PolicyError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "dead" => Ok(CardStopAction::Dead),
+            "wait" => Ok(CardStopAction::Wait),
+            other => Err(PolicyError::invalid(
+                "declines.card_stop",
+                format!("{other:?}"),
+                "\"dead\" or \"wait\"",
+            )),
+        }
+    }
 }
 
 impl RetryPhase {
@@ -223,6 +262,11 @@ impl RetryPolicy {
         self.decline_retry_later
     }
 
+    /// What a job of a stopped card key does.
+    pub const fn card_stop(&self) -> CardStopAction {
+        self.card_stop
+    }
+
     /// A builder holding this policy's fields, to change some and build again.
     pub fn into_builder(self) -> RetryPolicyBuilder {
         RetryPolicyBuilder { policy: self }
@@ -261,7 +305,7 @@ pub enum DelaySource {
     Blocked,
     /// A decline's network advice (a MAC 24–30 wait, or `decline_retry_later`), exact.
     DeclineAdvice,
-    /// The end of a full reattempt-quota window.
+    /// The end of a full reattempt-quota window, or of a card stop.
     Quota,
 }
 
@@ -644,6 +688,44 @@ impl RetryPolicy {
         }
     }
 
+    /// The decision for a job whose card key is stopped until `until` by another job's decline
+    /// (Visa category 1, Mastercard MAC 03/21), *before* its call: dead `card_stopped`, or
+    /// with `declines.card_stop = "wait"` deferred until the stop ends (reason
+    /// `card_stopped`; dead `card_stopped` when that is after the deadline). Not an attempt:
+    /// the counters do not change.
+    ///
+    /// ```
+    /// use chrono::{TimeDelta, Utc};
+    /// use redrive_policy::{Action, CardStopAction, DeadReason, JobCounters, RetryPolicy};
+    /// let now = Utc::now();
+    /// let p = RetryPolicy::payment();
+    /// let c = JobCounters::default();
+    /// let until = now + TimeDelta::days(30);
+    /// assert_eq!(p.decide_card_stop(&c, until, now), Action::Dead { reason: DeadReason::CardStopped });
+    /// let wait = p.into_builder().with_card_stop(CardStopAction::Wait).build().unwrap();
+    /// assert!(matches!(wait.decide_card_stop(&c, until, now), Action::Defer { .. }));
+    /// ```
+    pub fn decide_card_stop(
+        &self,
+        counters: &JobCounters,
+        until: Timestamp,
+        now: Timestamp,
+    ) -> Action {
+        let until = until.max(now);
+        let dead = Action::Dead {
+            reason: DeadReason::CardStopped,
+        };
+        if self.card_stop == CardStopAction::Dead || counters.deadline.is_some_and(|d| until > d) {
+            return dead;
+        }
+        Action::Defer {
+            until,
+            delay: since(until, now),
+            reason: DeferReason::CardStopped,
+            source: DelaySource::Quota,
+        }
+    }
+
     /// The decision for a job whose dependency is blocked (breaker open, or paused) *before* any
     /// call: defer it to `blocked_until` plus a spread of up to `blocked_jitter`, or, when that
     /// is past its deadline, dead with reason `deadline`. Not an attempt: the counters do not
@@ -807,6 +889,7 @@ impl RetryPolicy {
             blocked_jitter: DEFAULT_BLOCKED_JITTER,
             status: StatusTable::new(),
             decline_retry_later: DEFAULT_DECLINE_RETRY_LATER,
+            card_stop: CardStopAction::Dead,
         }
     }
 
@@ -836,6 +919,7 @@ impl RetryPolicy {
             blocked_jitter: DEFAULT_BLOCKED_JITTER,
             status: StatusTable::new(),
             decline_retry_later: DEFAULT_DECLINE_RETRY_LATER,
+            card_stop: CardStopAction::Dead,
         }
     }
 
@@ -860,6 +944,7 @@ impl RetryPolicy {
             blocked_jitter: DEFAULT_BLOCKED_JITTER,
             status: StatusTable::new(),
             decline_retry_later: DEFAULT_DECLINE_RETRY_LATER,
+            card_stop: CardStopAction::Dead,
         }
     }
 
@@ -1013,6 +1098,12 @@ impl RetryPolicyBuilder {
     /// The wait after a "retry later" decline.
     pub fn with_decline_retry_later(mut self, d: Duration) -> Self {
         self.policy.decline_retry_later = d;
+        self
+    }
+
+    /// What a job of a stopped card key does.
+    pub fn with_card_stop(mut self, a: CardStopAction) -> Self {
+        self.policy.card_stop = a;
         self
     }
 

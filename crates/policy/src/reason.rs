@@ -117,6 +117,9 @@ named_enum! {
         RecurringStopped => "recurring_stopped",
         /// The card's reattempt quota is used up until after the job's deadline.
         ReattemptQuota => "reattempt_quota",
+        /// Another job's decline on the same card key (Visa category 1, Mastercard MAC 03 or
+        /// 21) stopped the card: no call is made while the stop lasts.
+        CardStopped => "card_stopped",
     }
 }
 
@@ -146,6 +149,12 @@ named_enum! {
         /// The card's reattempt quota is used up until the oldest reattempt leaves its window
         /// (not an attempt).
         ReattemptQuota => "reattempt_quota",
+        /// The card key is stopped by another job's decline (Visa category 1, MAC 03/21)
+        /// until the stop ends (not an attempt; policy `declines.card_stop = "wait"`).
+        CardStopped => "card_stopped",
+        /// The dependency's breaker row could not be read and the worker fails closed
+        /// (`WorkerBuilder::fail_closed`): deferred instead of called (not an attempt).
+        BreakerUnreadable => "breaker_unreadable",
     }
 }
 

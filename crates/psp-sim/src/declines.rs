@@ -13,14 +13,17 @@
 //! A reattempt is a violation ([`Stats::reattempt_violations`](crate::Stats)) when it
 //! follows a decline that must never be reattempted (Visa category 1, Mastercard MAC 03 or
 //! 21), when it comes before a Mastercard MAC 24–30 wait is over, or when the card's
-//! reattempts in a window of its network's quota exceed the quota's `max`
-//! ([`redrive_policy::QuotaRules`], the networks' figures by default).
+//! reattempts in a window of its network's quota exceed the quota's `max`. The rules are the
+//! simulator's own ([`crate::judge`]: written apart from redrive's, the networks' figures by
+//! default), so a wrong rule in the client shows as violations here.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::time::Duration;
 
-use redrive_policy::{DeclineAdvice, DeclineRule, Network, QuotaRules};
+use redrive_policy::{DeclineAdvice, Network};
+
+use crate::judge::{After, JudgeRules};
 
 use crate::faults::FaultsError;
 
@@ -180,23 +183,27 @@ pub(crate) enum Violation {
 /// card, and the violations.
 #[derive(Debug, Default)]
 pub(crate) struct DeclineBook {
-    quotas: QuotaRules,
+    rules: JudgeRules,
     last: HashMap<String, (DeclineKind, Duration)>,
     reattempts: HashMap<String, VecDeque<Duration>>,
     pub(crate) by_code: BTreeMap<String, u64>,
     pub(crate) violations: u64,
     pub(crate) violations_by_card: BTreeMap<String, u64>,
     pub(crate) reattempts_total: u64,
+    /// Cards stopped by a never-retry decline: the transaction that stopped it, and until when.
+    stopped: HashMap<String, (String, Duration)>,
+    pub(crate) card_stop_attempts: u64,
+    pub(crate) card_stop_attempts_by_card: BTreeMap<String, u64>,
 }
 
 impl DeclineBook {
-    pub(crate) fn quotas(&self) -> &QuotaRules {
-        &self.quotas
+    pub(crate) fn rules(&self) -> &JudgeRules {
+        &self.rules
     }
 
-    pub(crate) fn new(quotas: QuotaRules) -> Self {
+    pub(crate) fn new(rules: JudgeRules) -> Self {
         DeclineBook {
-            quotas,
+            rules,
             ..DeclineBook::default()
         }
     }
@@ -211,17 +218,25 @@ impl DeclineBook {
         declined: Option<DeclineKind>,
     ) -> Vec<Violation> {
         let mut found = Vec::new();
+        if let Some((by, until)) = self.stopped.get(card)
+            && by != key
+            && now < *until
+        {
+            self.card_stop_attempts += 1;
+            *self
+                .card_stop_attempts_by_card
+                .entry(card.to_owned())
+                .or_default() += 1;
+        }
         if let Some((prev, at)) = self.last.get(key).copied() {
             self.reattempts_total += 1;
-            match prev.advice().rule() {
-                DeclineRule::NeverRetry | DeclineRule::RecurringStopped => {
-                    found.push(Violation::NeverRetry);
-                }
-                DeclineRule::RetryAfter(wait) if now < at + wait => found.push(Violation::Early),
+            match self.rules.after(prev) {
+                After::Never => found.push(Violation::NeverRetry),
+                After::Wait(wait) if now < at + wait => found.push(Violation::Early),
                 _ => {}
             }
-            let windows = self.quotas.windows(prev.network()).to_vec();
-            let longest = windows.iter().map(|w| w.window()).max().unwrap_or_default();
+            let windows = self.rules.windows(JudgeRules::network(prev)).to_vec();
+            let longest = windows.iter().map(|w| w.within).max().unwrap_or_default();
             let times = self.reattempts.entry(card.to_owned()).or_default();
             times.push_back(now);
             while times
@@ -233,9 +248,9 @@ impl DeclineBook {
             for w in &windows {
                 let n = times
                     .iter()
-                    .filter(|t| now.saturating_sub(**t) < w.window())
+                    .filter(|t| now.saturating_sub(**t) < w.within)
                     .count();
-                if n > w.max() as usize {
+                if n > w.max as usize {
                     found.push(Violation::Quota);
                     break;
                 }
@@ -245,6 +260,12 @@ impl DeclineBook {
             Some(k) => {
                 *self.by_code.entry(k.to_string()).or_default() += 1;
                 self.last.insert(key.to_owned(), (k, now));
+                if self.rules.after(k) == After::Never
+                    && let Some(w) = self.rules.card_stop(JudgeRules::network(k))
+                {
+                    self.stopped
+                        .insert(card.to_owned(), (key.to_owned(), now + w));
+                }
             }
             None => {
                 self.last.remove(key);
@@ -261,7 +282,7 @@ impl DeclineBook {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use redrive_policy::QuotaWindow;
+    use crate::judge::{CardNetwork, ReattemptWindow};
 
     fn s(n: u64) -> Duration {
         Duration::from_secs(n)
@@ -292,7 +313,13 @@ mod tests {
 
     #[test]
     fn every_violation_is_caught_and_a_fair_reattempt_is_not() {
-        let q = QuotaRules::none().with(Network::Visa, vec![QuotaWindow::new(2, s(100)).unwrap()]);
+        let q = JudgeRules::default().with_windows(
+            CardNetwork::Visa,
+            vec![ReattemptWindow {
+                max: 2,
+                within: s(100),
+            }],
+        );
         let mut b = DeclineBook::new(q);
         // A first attempt is not a reattempt.
         assert!(
@@ -331,6 +358,15 @@ mod tests {
         assert!(b.authorise("k4", "e", s(125), None).is_empty());
         assert_eq!(b.violations, 3);
         assert_eq!(b.violations_by_card.get("e"), Some(&1));
+        // Card c was stopped by k1's category 1: k2's two authorisations on it are counted
+        // apart (not k1's own reattempt, a violation above), and so is another's.
+        assert_eq!(b.card_stop_attempts, 2);
+        assert!(b.authorise("k9", "c", s(2), None).is_empty());
+        assert_eq!(b.card_stop_attempts_by_card.get("c"), Some(&3));
+        // Card d (MAC 24, not a stop) is not; nor card c after its 30 days.
+        assert!(b.authorise("k8", "d", s(2), None).is_empty());
+        assert!(b.authorise("k7", "c", s(31 * 86_400), None).is_empty());
+        assert_eq!(b.card_stop_attempts, 3);
         assert_eq!(b.by_code.get("visa2"), Some(&4));
     }
 }

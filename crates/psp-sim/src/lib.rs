@@ -100,6 +100,7 @@ use tower::{Layer, Service};
 
 pub mod declines;
 mod faults;
+pub mod judge;
 mod ledger;
 mod routes;
 mod state;
@@ -109,6 +110,7 @@ pub use declines::{DeclineKind, parse_decline_mix};
 pub use faults::{
     DEFAULT_TIMEOUT_DELAY, Faults, FaultsError, MAX_RATE_LIMIT, Outage, OutageAnchor, parse_outage,
 };
+pub use judge::{After, CardNetwork, JudgeRules, ReattemptWindow};
 pub use ledger::{Charge, ChargeRequest, ChargeRequestError, MAX_KEY_LEN, MAX_REFERENCE_LEN};
 pub use routes::{ChargesRoute, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, router, router_with};
 pub use state::SimState;
@@ -157,6 +159,7 @@ impl PspSim {
 /// [`REQUEST_LOG_CAPACITY`] requests.
 pub struct PspSimBuilder {
     quotas: Option<redrive_policy::QuotaRules>,
+    judge: Option<JudgeRules>,
     faults: Faults,
     seed: Option<u64>,
     ledger_dedupe: bool,
@@ -187,6 +190,7 @@ impl PspSimBuilder {
     pub const fn new() -> Self {
         PspSimBuilder {
             quotas: None,
+            judge: None,
             faults: Faults::none(),
             seed: None,
             ledger_dedupe: true,
@@ -201,11 +205,19 @@ impl PspSimBuilder {
         self
     }
 
-    /// The per-card reattempt quotas reattempts are checked against (default: the networks'
-    /// figures, [`redrive_policy::QuotaRules::default`]). Give the client's own rules to check
-    /// that it keeps them.
+    /// The per-card reattempt quotas reattempts are checked against, taken from the client's
+    /// own rules (default: the judge's, [`JudgeRules::default`]). A check that shares the
+    /// client's figures cannot catch a wrong one: prefer [`PspSimBuilder::judge`].
     pub fn reattempt_quotas(mut self, quotas: redrive_policy::QuotaRules) -> Self {
         self.quotas = Some(quotas);
+        self
+    }
+
+    /// The rules reattempts are judged by ([`crate::judge`]: the simulator's own table of the
+    /// networks' rules, default [`JudgeRules::default`]); wins over
+    /// [`PspSimBuilder::reattempt_quotas`].
+    pub fn judge(mut self, rules: JudgeRules) -> Self {
+        self.judge = Some(rules);
         self
     }
 
@@ -270,6 +282,9 @@ impl PspSimBuilder {
         let state = SimState::with_log_capacity(faults, self.ledger_dedupe, self.log_capacity)?;
         if let Some(q) = self.quotas {
             state.set_reattempt_quotas(q);
+        }
+        if let Some(j) = self.judge {
+            state.set_judge(j);
         }
         let wrap = self.wrap.unwrap_or_else(|| Box::new(|r| r));
         let router = routes::build(state.clone(), wrap);

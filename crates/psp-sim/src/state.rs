@@ -129,14 +129,38 @@ impl SimState {
         core.engine = FaultEngine::new(faults, seed, Duration::ZERO);
         core.ledger.clear();
         core.rec = Recorder::new(core.rec.capacity());
-        let quotas = core.declines.quotas().clone();
-        core.declines = crate::declines::DeclineBook::new(quotas);
+        let rules = core.declines.rules().clone();
+        core.declines = crate::declines::DeclineBook::new(rules);
     }
 
-    /// The per-card reattempt quotas the simulator checks reattempts against (default: the
-    /// networks' figures, [`redrive_policy::QuotaRules::default`]). Clears the book.
+    /// Checks reattempts against the client's own quotas: the Visa and Mastercard windows of
+    /// `quotas` replace the judge's (the rest of the judge's rows stay its own). A check that
+    /// shares the client's figures cannot catch a wrong figure: prefer
+    /// [`SimState::set_judge`] with figures written apart. Clears the book.
     pub fn set_reattempt_quotas(&self, quotas: redrive_policy::QuotaRules) {
-        self.core().declines = crate::declines::DeclineBook::new(quotas);
+        use crate::judge::{CardNetwork, ReattemptWindow};
+        let mut rules = crate::judge::JudgeRules::default();
+        for (n, net) in [
+            (redrive_policy::Network::Visa, CardNetwork::Visa),
+            (redrive_policy::Network::Mastercard, CardNetwork::Mastercard),
+        ] {
+            let ws = quotas
+                .windows(n)
+                .iter()
+                .map(|w| ReattemptWindow {
+                    max: w.max(),
+                    within: w.window(),
+                })
+                .collect();
+            rules = rules.with_windows(net, ws);
+        }
+        self.set_judge(rules);
+    }
+
+    /// The rules the simulator judges reattempts by (default: its own table of the networks'
+    /// rules in force today, [`crate::JudgeRules::default`]). Clears the book.
+    pub fn set_judge(&self, rules: crate::JudgeRules) {
+        self.core().declines = crate::declines::DeclineBook::new(rules);
     }
 
     /// One authorisation of `key` for `card`: declined (and how) or not, by the faults'
@@ -163,6 +187,8 @@ impl SimState {
             reattempts: core.declines.reattempts_total,
             reattempt_violations: core.declines.violations,
             reattempt_violations_by_card: core.declines.violations_by_card.clone(),
+            card_stop_attempts: core.declines.card_stop_attempts,
+            card_stop_attempts_by_card: core.declines.card_stop_attempts_by_card.clone(),
             ..core.rec.snapshot()
         }
     }

@@ -163,6 +163,15 @@ pub struct Stats {
     /// The same, per card (only cards with a violation).
     #[serde(default)]
     pub reattempt_violations_by_card: BTreeMap<String, u64>,
+    /// Authorisations of other transactions on a card its network stopped (a Visa category 1,
+    /// MAC 03 or MAC 21 decline of another transaction on the card, within the judge's card
+    /// stop window): the networks charge for each. Counted apart from the violations: a call
+    /// already on its way when the stopping decline is answered counts here too.
+    #[serde(default)]
+    pub card_stop_attempts: u64,
+    /// The same, per card.
+    #[serde(default)]
+    pub card_stop_attempts_by_card: BTreeMap<String, u64>,
     /// Requests per 100 ms since the start, from 0 to the last slice with a
     /// request, empty slices included.
     pub timeline: Vec<TimelineBucket>,

@@ -212,6 +212,7 @@ mod tests {
             transition: Transition::Succeeded {
                 result: serde_json::Value::Null,
             },
+            decline: None,
             error: None,
             now,
         }

@@ -11,12 +11,17 @@
 //! | MAC 24–30, wait not over (an operator's run-now) | deferred to the end of the wait, no call | `advice_wait` |
 //! | any other, card's quota used up | deferred to the window's edge, or dead `reattempt_quota` | `quota` |
 //! | any other, quota has room | one reattempt counted, then the call | |
+//!
+//! And for every job with a card key, before its first call of a claim: another job's decline
+//! that stopped the card (Visa category 1, MAC 03/21; [`redrive_store::CardStop`]) ends the
+//! claim with no call, dead `card_stopped` or deferred to the stop's end (the policy's
+//! `declines.card_stop`), metric reason `card_stop`.
 
 use redrive_policy::{
     Action, DeadReason, DeclineAdvice, DeclineRule, DeferReason, DelaySource, JobCounters, Network,
     QuotaRules, RetryPolicy, Timestamp,
 };
-use redrive_store::{Decline, Job, NewDecline, QuotaTake, ReattemptParams, StoreError};
+use redrive_store::{CardStop, Decline, Job, NewDecline, QuotaTake, ReattemptParams, StoreError};
 
 use crate::db::Db;
 use crate::metrics;
@@ -139,14 +144,32 @@ pub(crate) async fn gate(
     }
 }
 
-/// After a decline: record it with its advice and count it.
-pub(crate) async fn record(
+/// The stop of the job's card key in force at `now` that another job's decline set, if any
+/// (a job's own stopping decline is its own rules' business: `do_not_retry`,
+/// `recurring_stopped`).
+pub(crate) async fn card_stop(
     db: &Db,
+    job: &Job,
+    now: Timestamp,
+) -> Result<Option<CardStop>, StoreError> {
+    let Some(key) = job.quota_key.clone() else {
+        return Ok(None);
+    };
+    let stop = db
+        .run(move |s| async move { s.card_stop(&key, now).await })
+        .await?;
+    Ok(stop.filter(|s| s.job_id != job.id))
+}
+
+/// After a decline: count it, and the record to write with the attempt's completion (with the
+/// card stop it sets, when it stops the card and the job has a card key).
+pub(crate) fn decline_of(
     job: &Job,
     attempt: u32,
     advice: DeclineAdvice,
+    quotas: &QuotaRules,
     now: Timestamp,
-) -> Result<(), StoreError> {
+) -> NewDecline {
     let category = match (advice.effective_category(), advice.advice_code()) {
         (Some(c), _) => c.to_string(),
         (None, Some(m)) => format!("mac_{m:02}"),
@@ -157,13 +180,22 @@ pub(crate) async fn record(
         advice.network().as_str(),
         category,
     );
-    let d = NewDecline {
+    let stop_for = (job.quota_key.is_some() && advice.stops_card())
+        .then(|| quotas.card_stop(advice.network()))
+        .flatten();
+    NewDecline {
         job_id: job.id,
         attempt,
         quota_key: job.quota_key.clone(),
         advice,
         at: now,
-    };
+        stop_for,
+    }
+}
+
+/// A decline whose attempt's completion could not be written (the lease was lost): recorded
+/// on its own, unfenced, because it is a fact about the card whoever holds the job now.
+pub(crate) async fn record_alone(db: &Db, d: NewDecline) -> Result<(), StoreError> {
     db.run(move |s| async move { s.record_decline(&d).await })
         .await
 }

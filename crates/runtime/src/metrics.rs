@@ -165,7 +165,7 @@ pub const ALL: &[(&str, Kind, &str)] = &[
     (
         REATTEMPTS_BLOCKED_TOTAL,
         Kind::Counter,
-        "Authorisations not sent because the card networks' rules forbid them now, by reason (quota, advice_wait, do_not_retry).",
+        "Authorisations not sent because the card networks' rules forbid them now, by reason (quota, advice_wait, do_not_retry, card_stop).",
     ),
 ];
 
@@ -448,7 +448,7 @@ pub const DECLINES_TOTAL: &str = "redrive_declines_total";
 /// `redrive_reattempts_blocked_total{reason}`: authorisations not sent because the card
 /// networks' rules forbid them now: `quota` (the card's reattempt quota is used up),
 /// `advice_wait` (a Merchant Advice Code's wait has not passed), `do_not_retry` (a decline
-/// that must never be reattempted).
+/// that must never be reattempted), `card_stop` (another job's decline stopped the card key).
 pub const REATTEMPTS_BLOCKED_TOTAL: &str = "redrive_reattempts_blocked_total";
 
 pub(crate) fn declined(dependency: &str, network: &str, category: String) {

@@ -323,3 +323,128 @@ async fn a_running_worker_is_registered_comes_back_after_deletion_and_leaves_on_
     run.await.unwrap().unwrap();
     assert!(live().await.is_empty());
 }
+
+/// Issue 41 item 6: a dependency whose breaker row cannot be read (here corrupt: a state no
+/// version wrote). By default the worker fails open and calls; with `fail_closed` it defers
+/// the job (reason `breaker_unreadable`, not an attempt) and makes no call.
+#[tokio::test]
+async fn an_unreadable_breaker_row_is_called_by_default_and_deferred_when_failing_closed() {
+    for closed in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("q.db").display());
+        let s = Store::connect(&url).await.unwrap();
+        let id = s
+            .enqueue(
+                &NewJob::new("q", "flaky", json!({})).dependency("psp.example"),
+                chrono::Utc::now(),
+            )
+            .await
+            .unwrap()
+            .job
+            .id;
+        let raw = sqlx::SqlitePool::connect(&url).await.unwrap();
+        sqlx::query(
+            "INSERT INTO redrive_dependencies (name, state, updated_at) \
+             VALUES ('psp.example', 'sideways', 0)",
+        )
+        .execute(&raw)
+        .await
+        .unwrap();
+        raw.close().await;
+        assert!(
+            s.dependency("psp.example").await.is_err(),
+            "the row is unreadable"
+        );
+        let h = Arc::new(Flaky::default());
+        let defer = std::time::Duration::from_secs(60);
+        let sum = Worker::builder(s.clone(), vec!["q".into()])
+            .handler("flaky", h.clone())
+            .fail_closed(closed.then_some(defer))
+            .build()
+            .unwrap()
+            .run_until_idle()
+            .await
+            .unwrap();
+        let j = s.get(id).await.unwrap().unwrap();
+        if closed {
+            assert_eq!(h.calls.load(Ordering::SeqCst), 0, "no call it cannot see");
+            assert_eq!((sum.deferred, sum.attempts), (1, 0));
+            assert_eq!(j.state, JobState::Deferred);
+            assert_eq!(
+                j.defer_reason,
+                Some(redrive_policy::DeferReason::BreakerUnreadable)
+            );
+            assert!(
+                j.last_error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("breaker of psp.example unreadable")),
+                "{:?}",
+                j.last_error
+            );
+            assert!(s.attempts(id).await.unwrap().is_empty());
+        } else {
+            assert_eq!(h.calls.load(Ordering::SeqCst), 1, "fail open: called");
+            assert_eq!(j.state, JobState::Succeeded);
+        }
+    }
+}
+
+/// Issue 41 item 2, in the runtime: a category 1 decline stops the card key; with the
+/// policy's `declines.card_stop = "wait"` the key's next job is not called but deferred to the
+/// stop's end (reason `card_stopped`, naming the decline), and a lift makes it due at once.
+#[tokio::test]
+async fn a_stopped_card_waits_under_a_wait_policy_and_a_lift_makes_it_due() {
+    let (s, _d) = store().await;
+    let now = chrono::Utc::now();
+    let mut ids = Vec::new();
+    for i in 0..2 {
+        let j = NewJob::new("q", "charge", json!({}))
+            .key(format!("renewal-{i}"))
+            .quota_key("fp_wait");
+        ids.push(s.enqueue(&j, now).await.unwrap().job.id);
+    }
+    let advice = redrive_policy::DeclineAdvice::visa("14", None).unwrap();
+    let h = Arc::new(Fixed(Outcome::Declined(advice)));
+    let wait = redrive_policy::RetryPolicy::payment()
+        .into_builder()
+        .with_card_stop(redrive_policy::CardStopAction::Wait)
+        .build()
+        .unwrap();
+    let sum = Worker::builder(s.clone(), vec!["q".into()])
+        .handler("charge", h)
+        .kind_policy("charge", wait)
+        .concurrency(1)
+        .build()
+        .unwrap()
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!((sum.attempts, sum.dead, sum.deferred), (1, 1, 1), "{sum:?}");
+    let first = s.get(ids[0]).await.unwrap().unwrap();
+    assert_eq!(
+        first.dead_reason,
+        Some(redrive_policy::DeadReason::DoNotRetry)
+    );
+    let stop = s.card_stop("fp_wait", now).await.unwrap().expect("stopped");
+    assert_eq!(stop.job_id, ids[0]);
+    assert!(stop.until >= now + chrono::Duration::days(29), "{stop:?}");
+    let second = s.get(ids[1]).await.unwrap().unwrap();
+    assert_eq!(second.state, JobState::Deferred);
+    assert_eq!(
+        second.defer_reason,
+        Some(redrive_policy::DeferReason::CardStopped)
+    );
+    assert_eq!(second.run_at, stop.until);
+    assert!(s.attempts(ids[1]).await.unwrap().is_empty(), "never called");
+    let why = second.last_error.unwrap_or_default();
+    assert!(
+        why.contains(&format!("job {} declined visa 14 cat 1", ids[0])),
+        "{why}"
+    );
+    let later = chrono::Utc::now();
+    s.lift_card_stop("fp_wait", &redrive_store::Actor::new("alice", "cli"), later)
+        .await
+        .unwrap()
+        .expect("lifted");
+    assert!(s.get(ids[1]).await.unwrap().unwrap().run_at <= later + chrono::Duration::seconds(1));
+}

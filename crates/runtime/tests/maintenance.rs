@@ -141,6 +141,7 @@ async fn the_pruner_takes_the_lease_and_deletes_only_what_is_old_enough() {
                     },
                     error: None,
                     now: from_millis(at),
+                    decline: None,
                 })
                 .await
                 .unwrap();

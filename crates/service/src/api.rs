@@ -938,7 +938,8 @@ impl Modify for BearerAuth {
         crate::operator::paused_queues, crate::operator::pause_queue,
         crate::operator::resume_queue, crate::operator::pause_dependency,
         crate::operator::resume_dependency, crate::operator::force_breaker,
-        crate::operator::run_now, crate::operator::bulk, crate::operator::audit
+        crate::operator::run_now, crate::operator::bulk, crate::operator::audit,
+        crate::operator::card_stop, crate::operator::lift_card_stop
     ),
     components(schemas(
         EnqueueRequest, EnqueueResponse, crate::batch::BatchRequest, crate::batch::BatchResponse,
@@ -951,7 +952,9 @@ impl Modify for BearerAuth {
         crate::operator::QueueStateView, crate::operator::PausedQueueView,
         crate::operator::PausedQueuesResponse, crate::operator::DependencyPauseRequest,
         crate::operator::ForceRequest, crate::operator::BulkRequest,
-        crate::operator::BulkResponse, crate::operator::AuditView, crate::operator::AuditPage
+        crate::operator::BulkResponse, crate::operator::AuditView, crate::operator::AuditPage,
+        crate::operator::CardStopView, crate::operator::CardStopResponse,
+        crate::operator::CardStopLifted
     )),
     modifiers(&BearerAuth, &FrontDoorResponses),
     security(("bearer" = [])),
@@ -961,7 +964,7 @@ impl Modify for BearerAuth {
         (name = "health", description = "Liveness and readiness"),
         (name = "idempotency", description = "The Idempotency-Keys of POST /v1/jobs: list, recover stuck ones"),
         (name = "schedules", description = "Periodic jobs: one job per cron tick, fleet-wide"),
-        (name = "operator", description = "Operator controls (pause, resume, force, run now, bulk actions by filter) and their audit trail"),
+        (name = "operator", description = "Operator controls (pause, resume, force, run now, bulk actions by filter, card stops) and their audit trail"),
     )
 )]
 pub struct ApiDoc;

@@ -50,8 +50,9 @@ pub use error::{ApiError, PROBLEM_BASE, PROBLEM_JSON, ProblemBody, ServiceError}
 pub use guard::validate_public_host;
 pub use idempotency::{IdempotencyPage, IdempotencyRecordView};
 pub use operator::{
-    AuditPage, AuditView, BulkRequest, BulkResponse, DependencyPauseRequest, ForceRequest,
-    PausedQueueView, PausedQueuesResponse, QueueStateView,
+    AuditPage, AuditView, BulkRequest, BulkResponse, CardStopLifted, CardStopResponse,
+    CardStopView, DependencyPauseRequest, ForceRequest, PausedQueueView, PausedQueuesResponse,
+    QueueStateView,
 };
 pub use schedules::{
     ScheduleList, ScheduleRequest, ScheduleUpsert, ScheduleView,

@@ -621,3 +621,121 @@ pub(crate) async fn audit(
         next,
     }))
 }
+
+/// A card key's stop, set by a Visa category 1 or Mastercard MAC 03/21 decline: no job of
+/// the key is called until `until` (or until lifted).
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct CardStopView {
+    /// The card key.
+    pub quota_key: String,
+    /// The job whose decline stopped it.
+    pub job_id: JobId,
+    /// That job's attempt.
+    pub attempt: u32,
+    /// When the decline came.
+    pub at: DateTime<Utc>,
+    /// When the stop ends.
+    pub until: DateTime<Utc>,
+    /// The decline's network (`visa`, `mastercard`, ...).
+    pub network: String,
+    /// The issuer's response code.
+    pub code: Option<String>,
+    /// Visa's decline category.
+    pub category: Option<u8>,
+    /// Mastercard's Merchant Advice Code.
+    pub advice_code: Option<u8>,
+    /// The decline's rule (`never_retry`, `recurring_stopped`).
+    pub rule: String,
+    /// One line naming the blocking decline (a blocked job's last error).
+    pub description: String,
+}
+
+impl From<redrive_store::CardStop> for CardStopView {
+    fn from(s: redrive_store::CardStop) -> Self {
+        Self {
+            description: s.describe(),
+            quota_key: s.quota_key,
+            job_id: s.job_id,
+            attempt: s.attempt,
+            at: s.at,
+            until: s.until,
+            network: s.network.as_str().to_owned(),
+            code: s.code,
+            category: s.category,
+            advice_code: s.advice_code,
+            rule: s.rule,
+        }
+    }
+}
+
+/// A card key's stop, if any (`GET /v1/quotas/{key}`).
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct CardStopResponse {
+    /// The card key.
+    pub key: String,
+    /// Its stop in force, or `null`.
+    pub card_stop: Option<CardStopView>,
+}
+
+/// A lift's answer (`POST /v1/quotas/{key}/lift`).
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct CardStopLifted {
+    /// The card key.
+    pub key: String,
+    /// The stop that was in force and is lifted, or `null` (nothing to lift; still audited).
+    pub lifted: Option<CardStopView>,
+}
+
+/// A card key's stop: whether a Visa category 1 / MAC 03 / MAC 21 decline stopped every job
+/// of the key, naming the decline.
+#[utoipa::path(
+    get, path = "/v1/quotas/{key}", tag = "operator",
+    params(("key" = String, Path, description = "The card key (a job's quota_key; never a card number)")),
+    responses(
+        (status = 200, description = "The key's stop in force, or `card_stop: null`", body = CardStopResponse),
+        (status = 401, description = "Missing or wrong bearer token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 422, description = "A bad key (a card number is refused)", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "Store unavailable", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn card_stop(
+    State(state): State<AppState>,
+    Path(key): Path<String>,
+) -> Result<Json<CardStopResponse>, ApiError> {
+    redrive_store::check_quota_key(&key)?;
+    let stop = state.inner.store.card_stop(&key, state.now()).await?;
+    Ok(Json(CardStopResponse {
+        key,
+        card_stop: stop.map(Into::into),
+    }))
+}
+
+/// Lift a card key's stop (audited as `card_stop_lift`): its jobs are called again from their
+/// next claim; those waiting for the stop are due at once.
+#[utoipa::path(
+    post, path = "/v1/quotas/{key}/lift", tag = "operator",
+    params(("key" = String, Path, description = "The card key")),
+    responses(
+        (status = 200, description = "Lifted (`lifted`: the stop that was in force, or null)", body = CardStopLifted),
+        (status = 401, description = "Missing or wrong bearer token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 403, description = "A read-only token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 422, description = "A bad key (a card number is refused)", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "Store unavailable", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn lift_card_stop(
+    State(state): State<AppState>,
+    who: Option<Extension<Identity>>,
+    Path(key): Path<String>,
+) -> Result<Json<CardStopLifted>, ApiError> {
+    let who = actor(who.as_ref().map(|e| &e.0), "api");
+    let lifted = state
+        .inner
+        .store
+        .lift_card_stop(&key, &who, state.now())
+        .await?;
+    Ok(Json(CardStopLifted {
+        key,
+        lifted: lifted.map(Into::into),
+    }))
+}

@@ -46,6 +46,8 @@ pub fn app(state: AppState) -> Router {
         )
         .route("/v1/breakers/{name}/force", post(operator::force_breaker))
         .route("/v1/audit", get(operator::audit))
+        .route("/v1/quotas/{key}", get(operator::card_stop))
+        .route("/v1/quotas/{key}/lift", post(operator::lift_card_stop))
         .route(
             "/v1/idempotency/{key}/recover",
             post(idempotency::recover_key),

@@ -781,6 +781,7 @@ async fn a_card_key_is_taken_by_the_api_a_card_number_refused_and_the_job_page_s
             quota_key: Some("pm_card_1".into()),
             advice: redrive_policy::DeclineAdvice::mastercard("51", Some(25)).unwrap(),
             at: chrono::Utc::now(),
+            stop_for: None,
         })
         .await
         .unwrap();
@@ -793,5 +794,58 @@ async fn a_card_key_is_taken_by_the_api_a_card_number_refused_and_the_job_page_s
     );
     assert!(page.contains("Reattempt quota of this card"), "{page}");
     assert!(page.contains("<strong>0/15</strong>"), "{page}");
+    assert!(!page.contains("id=\"card-stop\""), "not stopped: {page}");
+    // A MAC 21 decline stops the card: the page names the decline and how to lift it.
+    h.store
+        .record_decline(&redrive_store::NewDecline {
+            job_id: id,
+            attempt: 2,
+            quota_key: Some("pm_card_1".into()),
+            advice: redrive_policy::DeclineAdvice::mastercard("05", Some(21)).unwrap(),
+            at: chrono::Utc::now(),
+            stop_for: Some(std::time::Duration::from_secs(30 * 86_400)),
+        })
+        .await
+        .unwrap();
+    let page = send(&h.app(), get(&format!("/jobs/{id}"))).await.body;
+    assert!(page.contains("id=\"card-stop\""), "{page}");
+    assert!(
+        page.contains(&format!(
+            "job {id} declined mastercard 05 mac 21 (recurring_stopped)"
+        )),
+        "{page}"
+    );
+    assert!(page.contains("redrive quota lift pm_card_1"), "{page}");
+    // The API says so too, and lifts it (audited).
+    let r = send(&h.app(), get("/v1/quotas/pm_card_1")).await;
+    assert!(r.status.is_success(), "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["card_stop"]["job_id"], id, "{v}");
+    assert_eq!(v["card_stop"]["advice_code"], 21, "{v}");
+    assert_eq!(v["card_stop"]["rule"], "recurring_stopped", "{v}");
+    assert!(
+        v["card_stop"]["description"]
+            .as_str()
+            .unwrap()
+            .starts_with("card key pm_card_1 stopped until"),
+        "{v}"
+    );
+    let r = send(&h.app(), post_empty("/v1/quotas/pm_card_1/lift")).await;
+    assert!(r.status.is_success(), "{}", r.body);
+    assert_eq!(r.json()["lifted"]["job_id"], id);
+    let r = send(&h.app(), get("/v1/quotas/pm_card_1")).await;
+    assert!(r.json()["card_stop"].is_null(), "{}", r.body);
+    let r = send(&h.app(), get("/v1/audit")).await;
+    assert_eq!(
+        r.json()["audit"][0]["action"],
+        "card_stop_lift",
+        "{}",
+        r.body
+    );
+    let r = send(&h.app(), get("/v1/quotas/4242424242424242")).await;
+    assert_eq!(r.status.as_u16(), 422, "{}", r.body);
+    assert!(r.body.contains("quota_key"), "{}", r.body);
+    let page = send(&h.app(), get(&format!("/jobs/{id}"))).await.body;
+    assert!(!page.contains("id=\"card-stop\""), "lifted: {page}");
     h.cleanup().await;
 }

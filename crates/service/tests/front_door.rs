@@ -883,9 +883,9 @@ fn the_openapi_document_lists_the_front_door_answers() {
         }
     }
     assert_eq!(
-        writes, 14,
-        "POST /v1/jobs, POST /v1/jobs/batch, replay, cancel, idempotency recover, the operator's (queue pause and \
-         resume, dependency pause and resume, breaker force, run-now, bulk), POST and DELETE \
-         /v1/schedules"
+        writes, 15,
+        "POST /v1/jobs, POST /v1/jobs/batch, replay, cancel, idempotency recover, the operator's \
+         (queue pause and resume, dependency pause and resume, breaker force, run-now, bulk, card \
+         stop lift), POST and DELETE /v1/schedules"
     );
 }

@@ -24,7 +24,7 @@
 //! let job = &jobs[0];
 //! store.complete(&Completion { lease: job.lease(), attempt: None, counters: job.counters(),
 //!     transition: Transition::Succeeded { result: serde_json::json!({"ok": true}) },
-//!     error: None, now }).await.unwrap();
+//!     error: None, now, decline: None }).await.unwrap();
 //! # });
 //! ```
 
@@ -99,7 +99,7 @@ pub use operator::{
 pub use pg_url::{DEFAULT_POOL_SIZE, Listen, PgHost, PgUrl, SessionAttrs, percent_encode};
 #[cfg(feature = "postgres")]
 pub use postgres::PgStore;
-pub use quota::{Decline, NewDecline, QuotaTake, Reattempt, ReattemptParams, WindowUse};
+pub use quota::{CardStop, Decline, NewDecline, QuotaTake, Reattempt, ReattemptParams, WindowUse};
 pub use redrive_policy::Timestamp;
 pub use retention::{FINISHED_STATES, PRUNER_LEASE, Pruned};
 pub use schedule::{

@@ -678,6 +678,11 @@ pub struct Completion {
     pub error: Option<String>,
     /// Now.
     pub now: Timestamp,
+    /// The decline the attempt got, if any: recorded in the completion's transaction (with
+    /// the card stop it sets), so that no later claim decides a reattempt without it. Only
+    /// when the completion applies (its lease still held).
+    /// Boxed: a completion is held across the write's awaits, and declines are rare.
+    pub decline: Option<Box<crate::NewDecline>>,
 }
 
 impl Completion {
@@ -698,7 +703,14 @@ impl Completion {
             transition,
             error,
             now,
+            decline: None,
         }
+    }
+
+    /// The same completion recording `decline` with it (see [`Completion::decline`]).
+    pub fn with_decline(mut self, decline: crate::NewDecline) -> Self {
+        self.decline = Some(Box::new(decline));
+        self
     }
 
     /// The job succeeded with `result` after `attempt`.

@@ -1055,19 +1055,69 @@ where
     // Card quotas (see [`crate::quota`]).
 
     async fn record_decline_impl(&self, d: &crate::NewDecline) -> crate::Result<()> {
+        if let Some(k) = &d.quota_key {
+            crate::model::check_quota_key(k)?;
+        }
+        let mut tx = self.tx().await?;
+        self.record_decline_in(&mut tx, d).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Records a decline on `conn` (the caller's transaction: a completion's, so that the
+    /// attempt and its decline commit together), and the card stop it sets, if any.
+    async fn record_decline_in(
+        &self,
+        conn: &mut <Self::Db as Database>::Connection,
+        d: &crate::NewDecline,
+    ) -> crate::Result<()> {
         let a = &d.advice;
+        let at = crate::model::millis(d.at);
         sqlx::query(crate::quota::INSERT_DECLINE)
             .bind(d.job_id)
             .bind(i64::from(d.attempt))
             .bind(d.quota_key.clone())
-            .bind(crate::model::millis(d.at))
+            .bind(at)
             .bind(a.network().as_str())
             .bind(a.code().map(|c| c.as_str().to_owned()))
             .bind(a.category().map(i64::from))
             .bind(a.advice_code().map(i64::from))
             .bind(a.rule().to_string())
-            .execute(self.pool())
+            .execute(&mut *conn)
             .await?;
+        if let (Some(key), Some(window)) = (&d.quota_key, d.stop_for) {
+            sqlx::query(crate::quota::UPSERT_CARD_STOP)
+                .bind(key.as_str())
+                .bind(d.job_id)
+                .bind(i64::from(d.attempt))
+                .bind(at)
+                .bind(at.saturating_add(crate::quota::window_ms(window)))
+                .bind(a.network().as_str())
+                .bind(a.code().map(|c| c.as_str().to_owned()))
+                .bind(a.category().map(i64::from))
+                .bind(a.advice_code().map(i64::from))
+                .bind(a.rule().as_str())
+                .execute(&mut *conn)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The declines of the completions in `cs` that applied (`applied`), on `conn`, the
+    /// completions' transaction.
+    async fn record_declines_of(
+        &self,
+        conn: &mut <Self::Db as Database>::Connection,
+        cs: &[crate::Completion],
+        applied: &HashSet<i64>,
+    ) -> crate::Result<()> {
+        for c in cs {
+            if let Some(d) = &c.decline
+                && applied.contains(&c.lease.job_id)
+            {
+                self.record_decline_in(conn, d).await?;
+            }
+        }
         Ok(())
     }
 

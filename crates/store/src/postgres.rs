@@ -375,16 +375,30 @@ impl Backend for PgStore {
     /// A batch of fenced completions as one statement (so no explicit transaction): the rows
     /// go in as one array per column; the update is fenced on id, token and `running`, and the
     /// attempts are inserted for exactly the rows it updated. Returns the ids that applied.
+    /// A batch with a decline runs in a transaction with the declines (and card stops) of the
+    /// completions that applied.
     async fn complete_batch(
         &self,
         cs: &[crate::Completion],
     ) -> Result<std::collections::HashSet<i64>> {
         let rows: Vec<crate::batch::CompletionRow> =
             cs.iter().map(crate::batch::CompletionRow::of).collect();
-        let applied: Vec<i64> = bind_completions(sqlx::query_scalar(COMPLETE_SQL), &rows)
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(applied.into_iter().collect())
+        if cs.iter().all(|c| c.decline.is_none()) {
+            let applied: Vec<i64> = bind_completions(sqlx::query_scalar(COMPLETE_SQL), &rows)
+                .fetch_all(&self.pool)
+                .await?;
+            return Ok(applied.into_iter().collect());
+        }
+        let mut tx = self.tx().await?;
+        let applied: std::collections::HashSet<i64> =
+            bind_completions(sqlx::query_scalar(COMPLETE_SQL), &rows)
+                .fetch_all(&mut *tx)
+                .await?
+                .into_iter()
+                .collect();
+        self.record_declines_of(&mut tx, cs, &applied).await?;
+        tx.commit().await?;
+        Ok(applied)
     }
 
     /// Waits for one of the process's claim permits (held for the claim statement only).

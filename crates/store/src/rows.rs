@@ -190,6 +190,7 @@ fn ms_of(what: &'static str, v: i64) -> Result<Duration> {
 
 impl JobRow {
     /// A row given as one JSON array of [`JOB_COLS`], in order (SQLite's claim).
+    #[cfg(feature = "sqlite")]
     pub(crate) fn from_json(row: &str) -> Result<JobRow> {
         serde_json::from_str(row).map_err(|e| StoreError::Corrupt {
             what: "claimed job row",

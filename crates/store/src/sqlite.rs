@@ -365,6 +365,8 @@ impl Backend for SqliteStore {
             }
             applied.extend(q.fetch_all(&mut *tx).await?);
         }
+        // The attempts' declines (and card stops) commit with them.
+        self.record_declines_of(&mut tx, cs, &applied).await?;
         tx.commit().await?;
         Ok(applied)
     }

@@ -60,6 +60,7 @@ fn done(job: &Job, now: Timestamp) -> Completion {
         },
         error: None,
         now,
+        decline: None,
     }
 }
 
@@ -88,6 +89,7 @@ fn with(job: &Job, transition: Transition, now: Timestamp) -> Completion {
         transition,
         error: Some("503 from psp".into()),
         now,
+        decline: None,
     }
 }
 
@@ -1024,6 +1026,7 @@ mod cases {
             transition: Transition::Released,
             error: None,
             now: until,
+            decline: None,
         })
         .await
         .unwrap();
@@ -1610,6 +1613,7 @@ mod cases {
                         transition: Transition::Released,
                         error: None,
                         now: later,
+                        decline: None,
                     },
                     _ => with(
                         j,
@@ -2871,6 +2875,7 @@ mod declines {
         declines_are_recorded_with_their_advice,
         a_full_window_frees_when_its_oldest_reattempt_leaves,
         quota_use_counts_each_window_and_when_it_frees,
+        a_stopping_decline_commits_with_its_attempt_and_stops_the_card_until_lifted,
     );
 
     mod cases {
@@ -2917,6 +2922,7 @@ mod declines {
                             quota_key: j.quota_key.clone(),
                             advice,
                             at: now,
+                            stop_for: None,
                         })
                         .await
                         .unwrap();
@@ -3027,6 +3033,7 @@ mod declines {
                     quota_key: Some("fp_2".into()),
                     advice: a,
                     at: ms(T0 + n as i64),
+                    stop_for: None,
                 })
                 .await
                 .unwrap();
@@ -3137,6 +3144,139 @@ mod declines {
             let (other, _) = s.quota_use("fp_5", &rules, ms(T0)).await.unwrap();
             assert!(other.iter().all(|w| w.used == 0 && w.frees_at.is_none()));
             assert_eq!(other.len(), 2);
+        }
+
+        /// Issue 41 items 2 and 6: a category-1 decline rides on its attempt's completion (one
+        /// transaction, fenced like it), sets the card key's stop for the window given, and an
+        /// operator's lift (audited) ends it and makes the key's waiting jobs due.
+        pub(crate) async fn a_stopping_decline_commits_with_its_attempt_and_stops_the_card_until_lifted(
+            s: &Store,
+        ) {
+            let now = ms(T0);
+            let key = "fp_stop";
+            let first = s.enqueue(&job("st").quota_key(key), now).await.unwrap().job;
+            let waiting = s.enqueue(&job("st").quota_key(key), now).await.unwrap().job;
+            let j = s
+                .claim(&claim_params("st", 1, now))
+                .await
+                .unwrap()
+                .remove(0);
+            assert_eq!(j.id, first.id);
+            let decline = |job_id, stop_for| NewDecline {
+                job_id,
+                attempt: 1,
+                quota_key: Some(key.into()),
+                advice: DeclineAdvice::visa("14", None).unwrap(),
+                at: now,
+                stop_for,
+            };
+            // A completion whose lease is not held records neither its attempt nor its decline.
+            let mut stale = with(
+                &j,
+                Transition::Dead {
+                    reason: DeadReason::DoNotRetry,
+                },
+                now,
+            )
+            .with_decline(decline(j.id, Some(DAY * 30)));
+            stale.lease.token += 1;
+            assert!(s.complete(&stale).await.unwrap_err().is_lease_lost());
+            assert!(s.declines(j.id).await.unwrap().is_empty());
+            assert_eq!(s.card_stop(key, now).await.unwrap(), None);
+            // The real one: the attempt, its decline and the card stop together.
+            let c = with(
+                &j,
+                Transition::Dead {
+                    reason: DeadReason::DoNotRetry,
+                },
+                now,
+            )
+            .with_decline(decline(j.id, Some(DAY * 30)));
+            s.complete(&c).await.unwrap();
+            assert_eq!(s.attempts(j.id).await.unwrap().len(), 1);
+            let d = s.declines(j.id).await.unwrap();
+            assert_eq!((d.len(), d[0].rule.as_str()), (1, "never_retry"));
+            let stop = s.card_stop(key, now).await.unwrap().expect("stopped");
+            assert_eq!((stop.job_id, stop.attempt), (j.id, 1));
+            assert_eq!((stop.network, stop.category), (Network::Visa, Some(1)));
+            assert_eq!(stop.code.as_deref(), Some("14"));
+            assert_eq!(stop.until, ms(T0) + chrono::Duration::days(30));
+            let text = stop.describe();
+            assert!(
+                text.contains(&format!("job {} declined visa 14 cat 1", j.id))
+                    && text.contains("never_retry"),
+                "{text}"
+            );
+            assert_eq!(s.card_stops(now, 10).await.unwrap(), vec![stop.clone()]);
+            // In force until its end, not after; another card is not stopped.
+            let end = ms(T0) + chrono::Duration::days(30);
+            assert!(
+                s.card_stop(key, end - chrono::Duration::milliseconds(1))
+                    .await
+                    .unwrap()
+                    .is_some()
+            );
+            assert_eq!(s.card_stop(key, end).await.unwrap(), None);
+            assert_eq!(s.card_stop("fp_other", now).await.unwrap(), None);
+            // A shorter stop does not shorten it; a longer one extends it.
+            s.record_decline(&decline(waiting.id, Some(DAY)))
+                .await
+                .unwrap();
+            assert_eq!(s.card_stop(key, now).await.unwrap().unwrap().until, end);
+            s.record_decline(&decline(waiting.id, Some(DAY * 40)))
+                .await
+                .unwrap();
+            let longer = s.card_stop(key, now).await.unwrap().unwrap();
+            assert_eq!(
+                (longer.job_id, longer.until),
+                (waiting.id, ms(T0) + chrono::Duration::days(40))
+            );
+            // The other job waits for the stop (declines.card_stop = "wait").
+            let w = s
+                .claim(&claim_params("st", 1, now))
+                .await
+                .unwrap()
+                .remove(0);
+            assert_eq!(w.id, waiting.id);
+            let mut wait = Completion::new(
+                w.lease(),
+                None,
+                w.counters(),
+                Transition::Deferred {
+                    until: longer.until,
+                    reason: DeferReason::CardStopped,
+                    delay: DAY * 40,
+                },
+                now,
+            );
+            wait.error = Some(longer.describe());
+            s.complete(&wait).await.unwrap();
+            let w = s.get(waiting.id).await.unwrap().unwrap();
+            assert_eq!(
+                (w.run_at, w.defer_reason),
+                (longer.until, Some(DeferReason::CardStopped))
+            );
+            // Lifted: audited, gone, and the waiting job is due at once.
+            let later = ms(T0 + 60_000);
+            let actor = Actor::new("alice", "cli");
+            let lifted = s.lift_card_stop(key, &actor, later).await.unwrap();
+            assert_eq!(lifted.map(|l| l.job_id), Some(waiting.id));
+            assert_eq!(s.card_stop(key, later).await.unwrap(), None);
+            assert_eq!(s.get(waiting.id).await.unwrap().unwrap().run_at, later);
+            let a = s.audit(None, 1).await.unwrap().remove(0);
+            assert_eq!(
+                (a.action.as_str(), a.actor.as_str(), a.rows),
+                ("card_stop_lift", "alice", 1)
+            );
+            assert_eq!(a.target["quota_key"], key);
+            // Nothing to lift: audited with no row; a card number is refused.
+            assert_eq!(s.lift_card_stop(key, &actor, later).await.unwrap(), None);
+            assert_eq!(s.audit(None, 1).await.unwrap()[0].rows, 0);
+            let e = s
+                .lift_card_stop("4242424242424242", &actor, later)
+                .await
+                .unwrap_err();
+            assert!(e.to_string().contains("quota_key"), "{e}");
         }
     }
 }

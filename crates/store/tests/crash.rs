@@ -38,6 +38,7 @@ fn succeed(j: &Job) -> Completion {
         },
         error: None,
         now,
+        decline: None,
     }
 }
 

@@ -66,4 +66,65 @@ async fn a_failing_disk_fails_writes_only_while_it_fails() {
         .await
         .unwrap();
     assert_eq!(jobs.len(), 4);
+
+    // Issue 41 item 6: a decline is written with its attempt's completion, so a failing disk
+    // loses both or neither; never the attempt without its decline (a later claim would then
+    // decide a reattempt on a missing record).
+    let j = &jobs[0];
+    let decline = NewDecline {
+        job_id: j.id,
+        attempt: 1,
+        quota_key: Some("fp_f".into()),
+        advice: redrive_policy::DeclineAdvice::visa("14", None).unwrap(),
+        at: now,
+        stop_for: Some(std::time::Duration::from_secs(30 * 86_400)),
+    };
+    let completion = Completion::new(
+        j.lease(),
+        Some(NewAttempt {
+            worker: Some("w".into()),
+            started_at: now,
+            duration: std::time::Duration::from_millis(3),
+            class: redrive_policy::FailureClass::Declined,
+            http_status: Some(402),
+            error: Some("declined".into()),
+            counted: true,
+            response: None,
+        }),
+        redrive_policy::JobCounters {
+            attempts: 1,
+            first_attempt_at: Some(now),
+            ..j.counters()
+        },
+        Transition::Dead {
+            reason: redrive_policy::DeadReason::DoNotRetry,
+        },
+        now,
+    )
+    .with_decline(decline);
+    let fault = redrive_testkit::DiskFault::engage();
+    let e = store.complete(&completion).await.unwrap_err();
+    eprintln!("a declined attempt's completion while the disk fails: {e}");
+    fault.lift();
+    assert!(
+        store.attempts(j.id).await.unwrap().is_empty(),
+        "neither the attempt"
+    );
+    assert!(
+        store.declines(j.id).await.unwrap().is_empty(),
+        "nor its decline"
+    );
+    assert_eq!(store.card_stop("fp_f", now).await.unwrap(), None);
+    // Written again (the worker retries its completion while it holds the lease): both.
+    store.complete(&completion).await.unwrap();
+    assert_eq!(store.attempts(j.id).await.unwrap().len(), 1);
+    assert_eq!(store.declines(j.id).await.unwrap().len(), 1);
+    assert_eq!(
+        store
+            .card_stop("fp_f", now)
+            .await
+            .unwrap()
+            .map(|s| s.job_id),
+        Some(j.id)
+    );
 }

@@ -85,6 +85,7 @@ async fn run_answered(
         transition,
         error: error.map(str::to_owned),
         now: at,
+        decline: None,
     })
     .await
     .unwrap();

@@ -256,6 +256,7 @@ async fn postgres_completion_uses_the_primary_key_with_stale_statistics() {
             },
             error: None,
             now,
+            decline: None,
         })
         .collect();
     let plan = pg.complete_plan(&cs).await.unwrap();

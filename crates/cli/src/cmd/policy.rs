@@ -84,6 +84,20 @@ fn render_declines(p: &RetryPolicy, quotas: &redrive_policy::QuotaRules) -> Stri
             w2 = widths[2]
         );
     }
+    let stops: Vec<String> = quotas
+        .card_stops()
+        .map(|(n, d)| format!("{n} {}", format_duration(d)))
+        .collect();
+    let _ = writeln!(
+        out,
+        "card stops after visa category 1, MAC 03, MAC 21: {} (a stopped card's other jobs: {})",
+        if stops.is_empty() {
+            "none".to_owned()
+        } else {
+            stops.join(", ")
+        },
+        p.card_stop().as_str()
+    );
     out
 }
 

@@ -1,10 +1,11 @@
-//! `redrive quota show KEY`, and the declines and quota use `redrive show` prints.
+//! `redrive quota show KEY`, `redrive quota lift KEY`, and the declines and quota use
+//! `redrive show` prints.
 
 use std::process::ExitCode;
 
 use chrono::{DateTime, Utc};
 use redrive_policy::{Network, PolicySet, format_duration};
-use redrive_store::{Decline, Reattempt, Store};
+use redrive_store::{CardStop, Decline, Reattempt, Store};
 use serde::Serialize;
 
 use crate::args::{Global, QuotaCommand, QuotaShowArgs};
@@ -29,6 +30,8 @@ pub(crate) struct QuotaUse {
     key: String,
     windows: Vec<WindowUse>,
     reattempts: Vec<Reattempt>,
+    /// The key's card stop in force, if a decline stopped it (`null` otherwise).
+    card_stop: Option<CardStop>,
 }
 
 /// The key's reattempts in each window of every network's quota (from the policies file).
@@ -39,7 +42,9 @@ pub(crate) async fn usage_of(
     now: DateTime<Utc>,
 ) -> anyhow::Result<QuotaUse> {
     let (windows, reattempts) = store.quota_use(key, set.quotas(), now).await?;
+    let card_stop = store.card_stop(key, now).await?;
     Ok(QuotaUse {
+        card_stop,
         key: key.to_owned(),
         windows: windows
             .into_iter()
@@ -58,7 +63,27 @@ pub(crate) async fn usage_of(
 pub(crate) fn run(global: &Global, cmd: QuotaCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         QuotaCommand::Show(a) => show(global, a),
+        QuotaCommand::Lift(a) => lift(global, a),
     }
+}
+
+fn lift(global: &Global, a: QuotaShowArgs) -> anyhow::Result<ExitCode> {
+    redrive_store::check_quota_key(&a.key).map_err(|e| crate::error::usage(format!("KEY: {e}")))?;
+    block_on(async move {
+        let store = open_existing(global).await?;
+        let actor = crate::cmd::operator::cli_actor();
+        let lifted = store.lift_card_stop(&a.key, &actor, Utc::now()).await?;
+        if a.json {
+            let v = serde_json::json!({"key": a.key, "lifted": lifted});
+            outln!("{}", serde_json::to_string_pretty(&v)?);
+        } else {
+            match &lifted {
+                Some(stop) => outln!("lifted: {}", stop.describe()),
+                None => outln!("card key {} was not stopped", a.key),
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
 }
 
 fn show(global: &Global, a: QuotaShowArgs) -> anyhow::Result<ExitCode> {
@@ -95,6 +120,13 @@ fn print_use(u: &QuotaUse) -> anyhow::Result<()> {
         );
     }
     outln!("  reattempts counted: {}", u.reattempts.len());
+    if let Some(stop) = &u.card_stop {
+        outln!("  STOPPED: {}", stop.describe());
+        outln!(
+            "  (no job of this key is called; `redrive quota lift {}` ends it)",
+            u.key
+        );
+    }
     Ok(())
 }
 

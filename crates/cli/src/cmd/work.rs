@@ -99,6 +99,7 @@ pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
             .concurrency(a.concurrency as usize)
             .shutdown_grace(a.shutdown_grace)
             .lease(a.lease)
+            .fail_closed(a.fail_closed)
             .max_jobs(a.max_jobs)
             // Times written to shared rows in the database's clock (R24).
             .clock(clock.local)

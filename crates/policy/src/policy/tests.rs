@@ -749,6 +749,7 @@ proptest! {
                             | DeadReason::UpdatePaymentMethod
                             | DeadReason::RecurringStopped => prop_assert!(o.decline().is_some()),
                             DeadReason::ReattemptQuota => prop_assert!(false, "decide never says reattempt_quota"),
+                            DeadReason::CardStopped => prop_assert!(false, "decide never says card_stopped"),
                         }
                     }
                     break;

@@ -46,6 +46,8 @@ pub struct WorkerBuilder {
     pub(super) retention: Option<crate::Retention>,
     pub(super) scheduler: Option<Duration>,
     pub(super) registry_heartbeat: Duration,
+    /// Fail closed when a dependency's breaker row cannot be read: defer this long.
+    pub(super) fail_closed: Option<Duration>,
 }
 
 /// How often a running worker refreshes its row in the store's registry of live workers
@@ -154,6 +156,7 @@ impl WorkerBuilder {
             retention: None,
             scheduler: Some(crate::SCHEDULER_CHECK),
             registry_heartbeat: REGISTRY_HEARTBEAT,
+            fail_closed: None,
         }
     }
 
@@ -354,6 +357,23 @@ impl WorkerBuilder {
         self.retention = r;
         self
     }
+    /// What a claim does when its dependency's breaker row cannot be read (the store is
+    /// unreachable, or the row is corrupt): `None` calls anyway (fail open), `Some(d)` defers
+    /// the job by `d` (reason `breaker_unreadable`, not an attempt) and makes no call (fail
+    /// closed).
+    ///
+    /// # Default
+    /// `None`, fail open. The trade-off: failing open keeps payments flowing through a store
+    /// outage at a healthy PSP, at the price of calls the breaker might have refused (an open
+    /// breaker, a `Retry-After` pause, the fleet's rate limit: all unknown meanwhile; the
+    /// attempt's record waits for the store, retried while the lease holds). Failing closed
+    /// never calls a dependency it cannot see, at the price of no payment at all while the
+    /// store cannot be read; choose it when a call against an open breaker costs more (a PSP
+    /// that fines or bans excess traffic) than a delay.
+    pub fn fail_closed(mut self, defer: Option<Duration>) -> Self {
+        self.fail_closed = defer;
+        self
+    }
     /// Fire the store's schedules, looking for new ones at least this often (default
     /// [`crate::SCHEDULER_CHECK`]; `None`: this worker runs no scheduler).
     pub fn scheduler(mut self, check: Option<Duration>) -> Self {
@@ -387,6 +407,7 @@ impl WorkerBuilder {
                 MIN_REGISTRY_HEARTBEAT,
             ),
             ("clock_sync_interval", Some(self.clock_sync), MIN_CLOCK_SYNC),
+            ("fail_closed", self.fail_closed, MIN_POLL_INTERVAL),
         ];
         for (field, value, min) in durations {
             if let Some(value) = value.filter(|v| *v < min) {

@@ -18,7 +18,7 @@ use rand::rngs::SmallRng;
 use redrive_policy::{
     Action, DeferReason, FailureClass, JobCounters, Outcome, RetryPolicy, Timestamp, Verdict,
 };
-use redrive_store::{Completion, Job, Lease, NewAttempt, Transition};
+use redrive_store::{Completion, Job, Lease, NewAttempt, NewDecline, Transition};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -115,6 +115,9 @@ struct Decided {
     step: Step,
     class: FailureClass,
     now: Timestamp,
+    /// The attempt's decline, written with its completion (boxed: rare, and the executor's
+    /// future holds it).
+    decline: Option<Box<NewDecline>>,
 }
 
 impl Run {
@@ -261,6 +264,12 @@ impl Run {
             summary: Summary::default(),
             metrics,
         };
+        // A card key stopped by another job's decline: no call (declines.rs).
+        if job.quota_key.is_some()
+            && let Some(end) = Box::pin(self.card_stopped(&claim)).await
+        {
+            return Err(end);
+        }
         // The card networks' rules before a call that follows a decline (declines.rs).
         if declines::may_follow_decline(job) {
             match Box::pin(declines::last_decline(&self.shared.db, job.id)).await {
@@ -279,6 +288,32 @@ impl Run {
                 .unwrap_or_default(),
         );
         Ok(claim)
+    }
+
+    /// The claim's end when its card key is stopped by another job's decline (dead
+    /// `card_stopped` or deferred, by the policy), or handed back when the stop cannot be
+    /// read; `None` to go on.
+    async fn card_stopped(&self, claim: &Claim<'_>) -> Option<Result<Summary, RuntimeError>> {
+        let job = claim.job;
+        let now = self.shared.config.clock.now();
+        let (t, why) = match declines::card_stop(&self.shared.db, job, now).await {
+            Ok(None) => return None,
+            Ok(Some(stop)) => {
+                metrics::reattempt_blocked("card_stop");
+                let action = claim
+                    .policy
+                    .decide_card_stop(&claim.counters, stop.until, now);
+                let why = stop.describe();
+                tracing::info!(job = job.id, "{why}");
+                (plan(action, &serde_json::Value::Null).0, Some(why))
+            }
+            Err(e) => {
+                // Unknown whether the card is stopped: do not call.
+                tracing::warn!(job = job.id, "reading the card key's stop failed: {e}");
+                (Transition::Released, None)
+            }
+        };
+        Some(self.end_unattempted_why(claim, t, why).await)
     }
 
     /// Admit: is the dependency open or paused (fleet-wide)? Then defer: not an attempt.
@@ -365,8 +400,21 @@ impl Run {
                 Phase::End(self.end_unattempted(claim, transition).await)
             }
             Err(e) => {
-                // The store is unreachable: the breaker cannot be consulted, and the attempt
-                // could not be recorded either; call (fail open) and let the write below retry.
+                // The breaker cannot be consulted (the store is unreachable or the row
+                // corrupt). Fail closed, when configured: defer, no call.
+                if let Some(delay) = self.shared.config.fail_closed {
+                    tracing::warn!(dependency = %dep,
+                        "reading the dependency failed; deferring (fail closed): {e}");
+                    let until = now + chrono::Duration::from_std(delay).unwrap_or_default();
+                    let t = Transition::Deferred {
+                        until,
+                        reason: DeferReason::BreakerUnreadable,
+                        delay,
+                    };
+                    let why = Some(format!("breaker of {dep} unreadable: {e}"));
+                    return Phase::End(Box::pin(self.end_unattempted_why(claim, t, why)).await);
+                }
+                // Fail open (the default): call, and let the write below retry.
                 tracing::warn!(dependency = %dep, "reading the dependency failed: {e}");
                 Phase::Next(false)
             }
@@ -499,6 +547,14 @@ impl Run {
             if let Some(dep) = &claim.job.dependency {
                 Box::pin(self.publish(dep, &called, class, None, now)).await;
             }
+            // A decline is a fact about the card, whoever holds the job now.
+            if let Outcome::Declined(advice) = called.attempted.outcome {
+                let quotas = self.shared.config.policies.quotas();
+                let d = declines::decline_of(claim.job, called.attempt, advice, quotas, now);
+                if let Err(e) = Box::pin(declines::record_alone(&self.shared.db, d)).await {
+                    tracing::warn!(job = claim.job.id, "recording the decline failed: {e}");
+                }
+            }
             lost_lease(&mut claim.summary);
             return Phase::End(Ok(claim.summary));
         }
@@ -514,11 +570,12 @@ impl Run {
         let verdict = claim
             .policy
             .decide(&claim.counters, outcome, now, &mut claim.rng);
+        let mut decline = None;
         if let Outcome::Declined(advice) = *outcome {
+            // Written with the attempt's completion (record), in its transaction.
             let n = claim.counters.attempts + 1;
-            if let Err(e) = Box::pin(declines::record(&self.shared.db, job, n, advice, now)).await {
-                tracing::warn!(job = job.id, "recording the decline failed: {e}");
-            }
+            let quotas = self.shared.config.policies.quotas();
+            decline = Some(Box::new(declines::decline_of(job, n, advice, quotas, now)));
             claim.last_decline = Some(declines::LastDecline::of(&advice, now));
             claim.declines_seen += 1;
         }
@@ -543,6 +600,7 @@ impl Run {
             step,
             class,
             now,
+            decline,
         }
     }
 
@@ -598,16 +656,25 @@ impl Run {
                 .then(|| attempted.response.clone())
                 .flatten(),
         };
-        let c = Completion::new(
-            claim.lease,
-            Some(attempt),
-            decided.verdict.counters,
-            decided.transition.clone(),
-            decided.now,
-        );
+        // The decline commits with its attempt: no later claim decides without it.
+        let c = Completion {
+            decline: decided.decline.clone(),
+            ..Completion::new(
+                claim.lease,
+                Some(attempt),
+                decided.verdict.counters,
+                decided.transition.clone(),
+                decided.now,
+            )
+        };
         // The attempt is recorded before any wait.
         match self.write(c, claim.lost).await {
             Err(e) if e.is_lease_lost() => {
+                if let Some(d) = decided.decline.clone()
+                    && let Err(e) = Box::pin(declines::record_alone(&self.shared.db, *d)).await
+                {
+                    tracing::warn!(job = job.id, "recording the decline failed: {e}");
+                }
                 lost_lease(&mut claim.summary);
                 Phase::End(Ok(claim.summary))
             }
@@ -683,14 +750,26 @@ impl Run {
         claim: &Claim<'_>,
         transition: Transition,
     ) -> Result<Summary, RuntimeError> {
+        self.end_unattempted_why(claim, transition, None).await
+    }
+
+    /// [`Run::end_unattempted`], keeping `why` as the job's last error (a card stop names the
+    /// decline that set it).
+    async fn end_unattempted_why(
+        &self,
+        claim: &Claim<'_>,
+        transition: Transition,
+        why: Option<String>,
+    ) -> Result<Summary, RuntimeError> {
         let (job, mut s) = (claim.job, claim.summary);
-        let c = Completion::new(
+        let mut c = Completion::new(
             job.lease(),
             None,
             claim.counters,
             transition.clone(),
             self.shared.config.clock.now(),
         );
+        c.error = why;
         match self.write(c, claim.lost).await {
             Err(e) if e.is_lease_lost() => lost_lease(&mut s),
             Err(e) => {

@@ -129,6 +129,10 @@ pub(super) async fn job(
         Some(k) => quota_use(store, &state.inner.policies, k, now).await?,
         None => Vec::new(),
     };
+    let card_stop = match &j.quota_key {
+        Some(k) => store.card_stop(k, now).await?,
+        None => None,
+    };
     let payload = redrive_http::redact_payload(&j.payload);
     let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default();
     let body = html! {
@@ -201,6 +205,11 @@ pub(super) async fn job(
                         }
                     } }
                 }
+            }
+            @if let Some(stop) = &card_stop {
+                p #card-stop { strong { "Card stopped: " } (stop.describe())
+                    span.muted { " (no job of this card key is called; "
+                        code { "redrive quota lift " (stop.quota_key) } " ends it)" } }
             }
             @if !quota.is_empty() {
                 p #quota { "Reattempt quota of this card: "
