@@ -294,15 +294,26 @@ pub fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
     }
 }
 
-/// Runs `f` to its end on a current-thread runtime of its own (for synchronous tests).
+/// Runs `f` to its end on the test binary's one shared runtime (for synchronous tests).
+///
+/// One runtime for the whole binary, as a program has: a store connected in one `block` and
+/// used in the next keeps its pooled connections and its background tasks (LISTEN, the
+/// failover watch). A runtime per call shut those down between calls, and a connection opened
+/// by a task in the middle of that shutdown could fail the next call ("A Tokio 1.x context was
+/// found, but it is being shutdown").
 ///
 /// # Panics
-/// When the runtime cannot be built.
+/// When the runtime cannot be built, or when called from inside a runtime.
 pub fn block<T>(f: impl std::future::Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
+    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("a tokio runtime")
+        })
         .block_on(f)
 }
 
