@@ -936,6 +936,7 @@ async fn workers_and_unhandled_kinds_in_the_api() {
                 started_at: now,
                 last_seen: now,
                 clock_offset_ms: None,
+                policy_version: None,
             },
             now,
         )

@@ -515,6 +515,7 @@ async fn workers_page_lists_live_workers_and_flags_unhandled_kinds() {
                 started_at: now,
                 last_seen: now,
                 clock_offset_ms: None,
+                policy_version: None,
             },
             now,
         )
@@ -551,6 +552,7 @@ async fn workers_page_lists_live_workers_and_flags_unhandled_kinds() {
                 started_at: now,
                 last_seen: now,
                 clock_offset_ms: None,
+                policy_version: None,
             },
             now,
         )

@@ -55,6 +55,7 @@ mod migrations;
 mod model;
 mod operator;
 mod ops;
+mod policies;
 #[cfg(feature = "postgres")]
 mod pg_server;
 #[cfg(feature = "postgres")]
@@ -94,6 +95,9 @@ pub use model::{
 pub use operator::{
     Actor, AuditEntry, BulkAction, BulkOutcome, DependencyOp, JobFilter, MAX_AUDIT_PAGE,
     PausedQueue,
+};
+pub use policies::{
+    MAX_POLICY_BODY, MAX_POLICY_COMMENT, PolicyApplied, PolicyVersion, policy_digest,
 };
 #[cfg(feature = "postgres")]
 pub use pg_url::{DEFAULT_POOL_SIZE, Listen, PgHost, PgUrl, SessionAttrs, percent_encode};
