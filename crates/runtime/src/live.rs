@@ -112,6 +112,14 @@ impl LivePolicies {
         self.inner.changed.send_replace(g);
     }
 
+    /// Changes the label only (the same policies), telling the subscribers: a process run
+    /// with `--policies FILE` whose file now differs from a newly stored version says so.
+    pub fn relabel(&self, label: Option<String>) {
+        self.write().1 = label;
+        let g = self.generation();
+        self.inner.changed.send_replace(g);
+    }
+
     /// A receiver that changes at each replacement (the worker's registry row is refreshed at
     /// once, so `redrive workers` shows the new label within a moment).
     pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
