@@ -143,7 +143,7 @@ impl Watcher {
         };
         let restart = restart_sections(self.source.text(), next.text());
         self.live.replace(set, Some(format!("v{number}")));
-        tracing::info!(
+        tracing::warn!(
             "policies v{number} in force (was {}): retry policies, breakers, rate limits and quotas apply from the next claim",
             self.source.name()
         );

@@ -205,18 +205,26 @@ fn a_running_worker_picks_up_a_newly_applied_version_within_seconds() {
     let payload =
         format!(r#"{{"method":"POST","url":"http://127.0.0.1:{port}/charge","timeout_ms":500}}"#);
     let cli = redrive_testkit::cli!();
-    let spawn = |args: &[&str]| {
+    let spawn = |args: &[&str], log: &str| {
+        let log = std::fs::File::create(s.dir.path().join(log)).unwrap();
         cli.db_command(&s.db, args)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .map(Running)
             .unwrap()
     };
-    let worker = spawn(&["work", "--queue", "payments", "--allow-host", "127.0.0.1"]);
+    let log = |name: &str| std::fs::read_to_string(s.dir.path().join(name)).unwrap();
+    let worker = spawn(
+        &["work", "--queue", "payments", "--allow-host", "127.0.0.1"],
+        "worker.log",
+    );
     // A second process run with a file (it works another queue: only its label matters).
     let pinned_file = s.file("pinned.toml", &checkout(2));
-    let pinned = spawn(&["--policies", &pinned_file, "work", "--queue", "other"]);
+    let pinned = spawn(
+        &["--policies", &pinned_file, "work", "--queue", "other"],
+        "pinned.log",
+    );
     let label_of = |pid: u32| {
         let v = ok_json(&s.run(&["workers", "--json"]));
         v["workers"]
@@ -264,6 +272,7 @@ fn a_running_worker_picks_up_a_newly_applied_version_within_seconds() {
         label_of(worker.0.id()).as_deref() == Some("v2")
     });
     let took = applied.elapsed();
+    eprintln!("v2 reached the running worker's registry row {took:?} after `policy apply` ended");
     assert!(
         took < Duration::from_secs(6),
         "v2 reached the worker after {took:?}"
@@ -282,4 +291,49 @@ fn a_running_worker_picks_up_a_newly_applied_version_within_seconds() {
     let text = stdout(&s.run(&["workers"]));
     assert!(text.lines().next().unwrap().contains("POLICIES"), "{text}");
     redrive_testkit::cli::terminate(vec![worker, pinned], Duration::from_secs(30));
+    // Each says so in its log.
+    let w = log("worker.log");
+    assert!(w.contains("policies v2 in force (was policies v1)"), "{w}");
+    let p = log("pinned.log");
+    assert!(
+        p.contains("policies v2 were applied by") && p.contains("which differs"),
+        "{p}"
+    );
+}
+
+/// `redrive serve` (API only) started before any version is stored: its `POST /v1/jobs`
+/// refuses `checkout` until `policy apply` stores it, then accepts it, without a restart.
+#[test]
+fn the_api_of_a_running_serve_accepts_a_newly_applied_policy() {
+    let s = Setup::new();
+    ok_text(&s.run(&["migrate"]));
+    let mut serve = redrive_testkit::cli!().db_command(&s.db, ["serve", "--addr", "127.0.0.1:0"]);
+    let (server, addr) = redrive_testkit::cli::spawn_listening(&mut serve, "listening on http://");
+    let post = |key: &str| {
+        let body = format!(
+            r#"{{"queue":"q","kind":"noop","policy":"checkout","key":"{key}","payload":{{}}}}"#
+        );
+        redrive_testkit::cli::http_request(
+            &addr,
+            "POST",
+            "/v1/jobs",
+            &["Content-Type: application/json"],
+            &body,
+            Duration::from_secs(10),
+        )
+        .unwrap()
+    };
+    let r = post("k0");
+    assert_eq!(r.status, 422, "{}", r.raw());
+    assert!(r.body.contains("checkout"), "{}", r.raw());
+    ok_text(&s.run(&["policy", "apply", &s.file("p1.toml", &checkout(2))]));
+    let mut last = String::new();
+    wait_for("the API knows checkout", Duration::from_secs(15), || {
+        let r = post("k1");
+        last = r.raw();
+        r.status == 201
+    });
+    let job = ok_json(&s.run(&["show", "--key", "k1", "--json"]));
+    assert_eq!(job["job"]["max_attempts"], 2, "{job} {last}");
+    redrive_testkit::cli::terminate(vec![server], Duration::from_secs(30));
 }
