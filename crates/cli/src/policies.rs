@@ -1,7 +1,8 @@
-//! The policies a command works with: the built-in presets plus `--policies FILE`, the
-//! `http` kind's egress policy (the file's `[egress]` section plus `--allow-host`,
-//! `--deny-host`, `--redirects`), the file's periodic jobs (`[[schedules]]`) and its
-//! `[payload]` settings.
+//! The policies a command works with: the built-in presets plus one policies document
+//! ([`Source`]: `--policies FILE`, else the latest version stored by `redrive policy apply`),
+//! the `http` kind's egress policy (the document's `[egress]` section plus `--allow-host`,
+//! `--deny-host`, `--redirects`), its periodic jobs (`[[schedules]]`) and its `[payload]`
+//! settings. A stored version is parsed with exactly the checks a file gets.
 
 use std::path::{Path, PathBuf};
 
