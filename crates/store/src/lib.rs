@@ -55,11 +55,11 @@ mod migrations;
 mod model;
 mod operator;
 mod ops;
-mod policies;
 #[cfg(feature = "postgres")]
 mod pg_server;
 #[cfg(feature = "postgres")]
 mod pg_url;
+mod policies;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod quota;
@@ -96,11 +96,11 @@ pub use operator::{
     Actor, AuditEntry, BulkAction, BulkOutcome, DependencyOp, JobFilter, MAX_AUDIT_PAGE,
     PausedQueue,
 };
+#[cfg(feature = "postgres")]
+pub use pg_url::{DEFAULT_POOL_SIZE, Listen, PgHost, PgUrl, SessionAttrs, percent_encode};
 pub use policies::{
     MAX_POLICY_BODY, MAX_POLICY_COMMENT, PolicyApplied, PolicyVersion, policy_digest,
 };
-#[cfg(feature = "postgres")]
-pub use pg_url::{DEFAULT_POOL_SIZE, Listen, PgHost, PgUrl, SessionAttrs, percent_encode};
 #[cfg(feature = "postgres")]
 pub use postgres::PgStore;
 pub use quota::{Decline, NewDecline, QuotaTake, Reattempt, ReattemptParams, WindowUse};

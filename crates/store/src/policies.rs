@@ -26,8 +26,8 @@ pub const MAX_POLICY_BODY: usize = 1 << 20;
 /// The longest comment of a version, in bytes.
 pub const MAX_POLICY_COMMENT: usize = 1000;
 
-/// Times a version's insert is tried when another process takes its number meanwhile.
-const PUT_TRIES: u32 = 5;
+/// Times a version's insert is tried when other processes take its number meanwhile.
+const PUT_TRIES: u32 = 20;
 
 /// One stored version of the policies document.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -140,7 +140,9 @@ impl Store {
     /// together. The caller validates the document first: the store keeps text.
     ///
     /// # Errors
-    /// [`StoreError::Invalid`] for an empty or oversized body, a bad comment or actor.
+    /// [`StoreError::Invalid`] for an empty or oversized body, a bad comment or actor;
+    /// [`StoreError::Contended`] when other processes stored a version at each of
+    /// 20 tries.
     pub async fn put_policy_version(
         &self,
         body: &str,
@@ -151,9 +153,7 @@ impl Store {
         check_put(body, comment)?;
         crate::operator::check_actor(actor)?;
         let digest = policy_digest(body);
-        let mut tries = 0;
-        loop {
-            tries += 1;
+        for _ in 0..PUT_TRIES {
             match self.put_once(body, &digest, actor, comment, now).await {
                 Ok(Some(version)) => {
                     let v =
@@ -184,10 +184,14 @@ impl Store {
                     }
                     // A newer version landed between the two reads: try again.
                 }
-                Err(e) if is_unique_violation(&e) && tries < PUT_TRIES => {}
+                // Another process took the number: read the latest again.
+                Err(e) if is_unique_violation(&e) => {}
                 Err(e) => return Err(e),
             }
         }
+        Err(StoreError::Contended {
+            what: "the policies' latest version".into(),
+        })
     }
 
     /// One try: `Some(version)` stored, `None` when the latest has this digest.
