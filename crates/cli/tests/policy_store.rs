@@ -187,6 +187,23 @@ fn policy_show_list_and_simulate_read_the_stored_version() {
     assert_eq!(v["scenario"], "fleet", "{v}");
     let e = err_text(&s.run(&["simulate", "--policy", "nope", "--runs", "1"]), 2);
     assert!(e.contains("unknown policy \"nope\""), "{e}");
+    // The demo scenario has its own policies.
+    let e = err_text(
+        &s.run(&[
+            "simulate",
+            "--model",
+            "capacity",
+            "--scenario",
+            "demo",
+            "--policy",
+            "checkout",
+        ]),
+        2,
+    );
+    assert!(
+        e.contains("--policy does not apply with --scenario demo"),
+        "{e}"
+    );
 }
 
 /// `redrive work` without `--policies`, running when a new version is applied by another
