@@ -64,6 +64,16 @@ fn enqueue_with_a_stored_policy_needs_no_file_once_applied() {
     assert_eq!(job["job"]["policy"], "checkout", "{job}");
     assert_eq!(job["job"]["max_attempts"], 2, "{job}");
 
+    // `enqueue --file` too.
+    let lines = s.file(
+        "jobs.ndjson",
+        "{\"queue\":\"q\",\"kind\":\"noop\",\"policy\":\"checkout\",\"key\":\"f1\"}\n",
+    );
+    let out = ok_text(&s.run(&["enqueue", "--file", &lines]));
+    assert!(out.contains("enqueued 1"), "{out}");
+    let job = ok_json(&s.run(&["show", "--key", "f1", "--json"]));
+    assert_eq!(job["job"]["max_attempts"], 2, "{job}");
+
     // The same file again stores nothing.
     let out = ok_text(&s.run(&["policy", "apply", &p1]));
     assert!(out.contains("unchanged: "), "{out}");
@@ -79,7 +89,7 @@ fn enqueue_with_a_stored_policy_needs_no_file_once_applied() {
     );
     assert!(out.contains("stored policies v2"), "{out}");
     let out = ok_text(&enqueue("k2"));
-    assert!(out.starts_with("enqueued job 2"), "{out}");
+    assert!(out.starts_with("enqueued job 3"), "{out}");
     let job = ok_json(&s.run(&["show", "--key", "k2", "--json"]));
     assert_eq!(job["job"]["max_attempts"], 5, "{job}");
 
