@@ -468,16 +468,67 @@ pub(crate) struct DeadSelection {
 pub(crate) enum PolicyCommand {
     /// Print the delays a policy will produce, attempt by attempt.
     Show(PolicyShowArgs),
+    /// Check a policies file and store it in the database as the fleet's next version
+    /// (audited, with a diff against the stored one); running workers pick it up.
+    Apply(PolicyApplyArgs),
+    /// The policies in force (the stored version, or `--policies`, or built-in), one a line.
+    List(PolicyListArgs),
+    /// The stored versions of the policies: number, time, author, digest, comment.
+    History(PolicyHistoryArgs),
+}
+
+/// `redrive policy apply`.
+#[derive(Debug, Args)]
+pub(crate) struct PolicyApplyArgs {
+    /// The policies file (the format of `--policies`: policies, breakers, quotas, egress,
+    /// alerts, payload, schedules).
+    pub(crate) file: PathBuf,
+    /// A note kept with the version (shown by `policy history`).
+    #[arg(long, short = 'm')]
+    pub(crate) comment: Option<String>,
+    /// Check and show the diff; store nothing.
+    #[arg(long = "dry-run")]
+    pub(crate) dry_run: bool,
+    /// Print one JSON document.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `redrive policy list`.
+#[derive(Debug, Args)]
+pub(crate) struct PolicyListArgs {
+    /// A stored version instead of the policies in force.
+    #[arg(long = "policy-version", value_name = "N")]
+    pub(crate) policy_version: Option<i64>,
+    /// Print one JSON document.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `redrive policy history`.
+#[derive(Debug, Args)]
+pub(crate) struct PolicyHistoryArgs {
+    /// Versions shown at most, newest first.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub(crate) limit: u32,
+    /// Print one JSON document.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 /// `redrive policy show`.
 #[derive(Debug, Args)]
 pub(crate) struct PolicyShowArgs {
-    /// A named policy (`payment`, `background`, `classic`, or one from `--file`).
+    /// A named policy (`payment`, `background`, `classic`, or one from `--file`, `--policies`
+    /// or the stored policies).
     pub(crate) name: Option<String>,
     /// A TOML file of policies; with NAME, the one to show; alone, its only policy.
     #[arg(long)]
     pub(crate) file: Option<PathBuf>,
+    /// A stored version of the policies (default: `--policies`, else the latest stored
+    /// version, else the built-in presets).
+    #[arg(long = "policy-version", value_name = "N", conflicts_with = "file")]
+    pub(crate) policy_version: Option<i64>,
     /// Base delay (ad-hoc policy).
     #[arg(long, value_parser = parse_duration)]
     pub(crate) base: Option<Duration>,
@@ -728,6 +779,16 @@ pub(crate) struct SimulateArgs {
     /// `--retry-after` and `--error-rate` change its PSP).
     #[arg(long)]
     pub(crate) scenario: Option<String>,
+    /// Capacity model: run the `fleet` scenario (implied) with this named policy of the
+    /// policies in force (`--policies FILE`, else the latest stored version, else the
+    /// built-in presets) instead of the default `payment`.
+    #[arg(long)]
+    pub(crate) policy: Option<String>,
+    /// With `--scenario fleet`: the dependency whose breaker and rate settings of the
+    /// policies in force the scenario uses (default `psp`: `[breaker.psp]`, else
+    /// `[breaker.default]`).
+    #[arg(long)]
+    pub(crate) dependency: Option<String>,
 }
 
 /// `redrive demo`.

@@ -13,9 +13,11 @@ use clap::Parser;
 mod args;
 mod clock;
 mod cmd;
+mod diff;
 mod error;
 mod out;
 mod policies;
+mod policy_watch;
 mod telemetry;
 
 use args::{Cli, Command};

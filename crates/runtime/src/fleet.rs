@@ -25,8 +25,7 @@ use std::time::Duration;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use redrive_policy::{
-    CallResult, DeferReason, FailureClass, FlowClient, FlowConfig, FlowEvent, Next, PolicySet,
-    Step, Timestamp,
+    CallResult, DeferReason, FailureClass, FlowClient, FlowConfig, FlowEvent, Next, Step, Timestamp,
 };
 use redrive_store::{Dependency, DependencyWrite, StoreError};
 use tokio::sync::Semaphore;
@@ -68,20 +67,22 @@ struct Entry {
     /// racing each other's compare-and-set (a burst of them, say after a pause, would
     /// otherwise exhaust [`CAS_TRIES`] and lose reports such as a probe's answer).
     writer: Arc<tokio::sync::Mutex<()>>,
+    /// The policies' generation `config` was read from ([`crate::LivePolicies`]).
+    generation: u64,
 }
 
 /// The process's view of the fleet's dependencies.
 #[derive(Debug)]
 pub(crate) struct Fleet {
     db: Db,
-    policies: PolicySet,
+    policies: crate::LivePolicies,
     refresh: Duration,
     seed: u64,
     entries: Mutex<HashMap<String, Entry>>,
 }
 
 impl Fleet {
-    pub(crate) fn new(db: Db, policies: PolicySet, refresh: Duration, seed: u64) -> Self {
+    pub(crate) fn new(db: Db, policies: crate::LivePolicies, refresh: Duration, seed: u64) -> Self {
         Self {
             db,
             policies,
@@ -92,9 +93,10 @@ impl Fleet {
     }
 
     fn with<T>(&self, dep: &str, f: impl FnOnce(&mut Entry) -> T) -> T {
+        let generation = self.policies.generation();
         let mut map = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         let e = map.entry(dep.to_owned()).or_insert_with(|| {
-            let config = self.policies.flow(dep);
+            let config = self.policies.current().flow(dep);
             Entry {
                 client: FlowClient::new(config.clone(), self.seed ^ hash(dep)),
                 inflight: config
@@ -105,8 +107,23 @@ impl Fleet {
                 read_at: None,
                 rng: SmallRng::seed_from_u64(self.seed ^ hash(dep).rotate_left(7)),
                 writer: Arc::new(tokio::sync::Mutex::new(())),
+                generation,
             }
         });
+        if e.generation != generation {
+            // New policies: a changed flow configuration starts a fresh client (its window
+            // and reserved slots were counted under the old one) and cap on calls in flight
+            // (calls holding a slot of the old cap finish under it). The shared row stays.
+            let config = self.policies.current().flow(dep);
+            if config != e.config {
+                e.client = FlowClient::new(config.clone(), self.seed ^ hash(dep));
+                e.inflight = config
+                    .max_inflight()
+                    .map(|n| Arc::new(Semaphore::new(n as usize)));
+                e.config = config;
+            }
+            e.generation = generation;
+        }
         f(e)
     }
 
@@ -446,7 +463,12 @@ mod tests {
         let url = format!("sqlite:{}", dir.path().join("q.db").display());
         let store = Store::connect(&url).await.unwrap();
         let db = Db::new(store.clone(), None);
-        let fleet = Fleet::new(db, PolicySet::builtin(), Duration::from_millis(20), 7);
+        let fleet = Fleet::new(
+            db,
+            crate::LivePolicies::new(PolicySet::builtin()),
+            Duration::from_millis(20),
+            7,
+        );
         (Arc::new(fleet), store)
     }
 

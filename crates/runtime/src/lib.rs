@@ -48,6 +48,7 @@ mod db;
 mod declines;
 mod fleet;
 mod handler;
+mod live;
 mod maintenance;
 pub mod metrics;
 #[cfg(feature = "testing")]
@@ -60,6 +61,7 @@ pub use clock_sync::{
     CLOCK_SAMPLES, CLOCK_WARN_CHANGE, CLOCK_WARN_OFFSET, DEFAULT_CLOCK_SYNC, DbClock,
 };
 pub use handler::{Attempted, Handler, JobContext, Noop, StatusAnswer, typed};
+pub use live::LivePolicies;
 pub use maintenance::{Retention, SCHEDULER_CHECK, prune};
 pub use worker::{
     ConfigError, DEFAULT_CLAIM_BATCH, DEFAULT_CLAIM_LINGER, DEFAULT_CONCURRENCY,

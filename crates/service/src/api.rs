@@ -164,7 +164,7 @@ pub(crate) fn parse_enqueue_object(
     now: redrive_store::Timestamp,
 ) -> Result<NewJob, ApiError> {
     parse_job_object(
-        &state.inner.policies,
+        &state.inner.policies.current(),
         state.inner.refuse_card_data,
         obj,
         header_key,
@@ -1013,7 +1013,7 @@ pub fn openapi_document(policies: &redrive_policy::PolicySet) -> Value {
 /// client generated from it, or a fuzzer checking that calls without one are refused, sees the
 /// service as it is.
 pub(crate) async fn openapi(State(state): State<AppState>) -> Json<Value> {
-    let mut doc = openapi_document(&state.inner.policies);
+    let mut doc = openapi_document(&state.inner.policies.current());
     if state.inner.token.is_none()
         && let Some(obj) = doc.as_object_mut()
     {

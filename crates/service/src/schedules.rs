@@ -260,8 +260,8 @@ pub(crate) async fn upsert(
         ApiError::bad_field(field, "", format!("the body is not a schedule: {msg}"))
     })?;
     let now = state.now();
-    let spec =
-        schedule_spec(&state.inner.policies, &r, now).map_err(crate::api::enqueue_problem)?;
+    let spec = schedule_spec(&state.inner.policies.current(), &r, now)
+        .map_err(crate::api::enqueue_problem)?;
     let (sched, created) = state.inner.store.upsert_schedule(&spec, "api", now).await?;
     // An operator change: audited like a pause or a forced breaker.
     let who = crate::operator::actor(who.as_ref().map(|e| &e.0), "api");

@@ -138,6 +138,9 @@ pub struct AppConfig {
     pub tokens: Vec<ApiToken>,
     /// The retry policies jobs may name.
     pub policies: PolicySet,
+    /// Policies replaced while the service runs (`redrive serve` reloads a new stored
+    /// version): when set, the API reads them and `policies` is not used.
+    pub live_policies: Option<redrive_runtime::LivePolicies>,
     /// The installed Prometheus recorder's handle, rendered at `/metrics`.
     pub prometheus: Option<PrometheusHandle>,
     /// Host names (with an optional port) the service answers as besides loopback names
@@ -173,6 +176,7 @@ impl Default for AppConfig {
             token: None,
             tokens: Vec::new(),
             policies: PolicySet::default(),
+            live_policies: None,
             prometheus: None,
             public_hosts: Vec::new(),
             cookie_secure: false,
@@ -232,7 +236,8 @@ pub(crate) struct Inner {
     /// actions, schedules), the sessions and the login limit: `redrive serve` passes one
     /// synced to the database's (R24).
     pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) policies: PolicySet,
+    /// The policies jobs may name, as now in force ([`AppConfig::live_policies`]).
+    pub(crate) policies: redrive_runtime::LivePolicies,
     /// The accepted tokens; `None`: the service is open.
     pub(crate) token: Option<Tokens>,
     pub(crate) prometheus: Option<PrometheusHandle>,
@@ -346,7 +351,9 @@ impl AppState {
         Ok(Self {
             inner: Arc::new(Inner {
                 store,
-                policies: config.policies,
+                policies: config
+                    .live_policies
+                    .unwrap_or_else(|| redrive_runtime::LivePolicies::new(config.policies)),
                 token,
                 prometheus: config.prometheus,
                 idempotency: layer,

@@ -547,6 +547,9 @@ pub struct WorkerView {
     /// The offset of its host's clock to the database's (database − host) in milliseconds,
     /// as it last measured it (`null`: its clock is not synced to the database's).
     pub clock_offset_ms: Option<i64>,
+    /// The policies it runs: `v3` (the stored version 3), `file (differs from v3)`,
+    /// `built-in`… (`null`: it does not say).
+    pub policy_version: Option<String>,
 }
 
 impl From<redrive_store::WorkerInfo> for WorkerView {
@@ -561,6 +564,7 @@ impl From<redrive_store::WorkerInfo> for WorkerView {
             started_at: w.started_at,
             last_seen: w.last_seen,
             clock_offset_ms: w.clock_offset_ms,
+            policy_version: w.policy_version,
         }
     }
 }

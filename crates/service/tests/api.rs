@@ -936,6 +936,7 @@ async fn workers_and_unhandled_kinds_in_the_api() {
                 started_at: now,
                 last_seen: now,
                 clock_offset_ms: None,
+                policy_version: Some("v3".into()),
             },
             now,
         )
@@ -944,6 +945,8 @@ async fn workers_and_unhandled_kinds_in_the_api() {
     let r = send(&app, get("/v1/workers")).await;
     let w = &r.json()["workers"][0];
     assert_eq!(w["name"], "serve-1");
+    // The policies it runs (issue 37): the stored version 3.
+    assert_eq!(w["policy_version"], "v3");
     assert_eq!(w["kinds"], json!(["http", "noop"]));
     assert_eq!(w["queues"], json!([]));
     assert_eq!(

@@ -515,6 +515,7 @@ async fn workers_page_lists_live_workers_and_flags_unhandled_kinds() {
                 started_at: now,
                 last_seen: now,
                 clock_offset_ms: None,
+                policy_version: Some("file (differs from v3)".into()),
             },
             now,
         )
@@ -522,6 +523,13 @@ async fn workers_page_lists_live_workers_and_flags_unhandled_kinds() {
         .unwrap();
     let r = send(&app, get("/workers")).await;
     assert!(r.body.contains(r#"<tr data-name="serve-7">"#), "{}", r.body);
+    // The policies it runs (issue 37).
+    assert!(
+        r.body
+            .contains(r#"<td class="policies">file (differs from v3)</td>"#),
+        "{}",
+        r.body
+    );
     assert!(
         r.body.contains("box-1") && r.body.contains("4242") && r.body.contains("http, noop"),
         "{}",
@@ -551,6 +559,7 @@ async fn workers_page_lists_live_workers_and_flags_unhandled_kinds() {
                 started_at: now,
                 last_seen: now,
                 clock_offset_ms: None,
+                policy_version: None,
             },
             now,
         )

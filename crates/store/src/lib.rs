@@ -59,6 +59,7 @@ mod ops;
 mod pg_server;
 #[cfg(feature = "postgres")]
 mod pg_url;
+mod policies;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod quota;
@@ -97,6 +98,9 @@ pub use operator::{
 };
 #[cfg(feature = "postgres")]
 pub use pg_url::{DEFAULT_POOL_SIZE, Listen, PgHost, PgUrl, SessionAttrs, percent_encode};
+pub use policies::{
+    MAX_POLICY_BODY, MAX_POLICY_COMMENT, PolicyApplied, PolicyVersion, policy_digest,
+};
 #[cfg(feature = "postgres")]
 pub use postgres::PgStore;
 pub use quota::{CardStop, Decline, NewDecline, QuotaTake, Reattempt, ReattemptParams, WindowUse};

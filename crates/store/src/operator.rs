@@ -46,7 +46,7 @@ pub struct AuditEntry {
     pub via: String,
     /// What: `replay`, `purge`, `cancel`, `run_now`, `queue_pause`, `queue_resume`,
     /// `dependency_pause`, `dependency_resume`, `breaker_force`, `prune`, `schedule_add`,
-    /// `schedule_remove`.
+    /// `schedule_remove`, `policy_apply`.
     pub action: String,
     /// On what: the filter or ids of a bulk action, the queue, or the dependency and the
     /// override (a JSON object).

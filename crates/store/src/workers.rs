@@ -39,6 +39,10 @@ pub struct WorkerInfo {
     /// The offset of its clock to the database's (database − local) in milliseconds, as it
     /// last measured it; `None` when it does not measure it (its clock is not synced).
     pub clock_offset_ms: Option<i64>,
+    /// The policies it runs, as it says them: `v3` (the stored version 3), `file (differs
+    /// from v3)`, `built-in`…; `None` when it does not say (set by the binary's workers,
+    /// refreshed by each heartbeat).
+    pub policy_version: Option<String>,
 }
 
 impl WorkerInfo {
@@ -74,6 +78,7 @@ struct WorkerRow {
     started_at: i64,
     last_seen: i64,
     clock_offset_ms: Option<i64>,
+    policy_version: Option<String>,
 }
 
 impl WorkerRow {
@@ -96,22 +101,26 @@ impl WorkerRow {
             started_at: from_millis(self.started_at),
             last_seen: from_millis(self.last_seen),
             clock_offset_ms: self.clock_offset_ms,
+            policy_version: self.policy_version,
         })
     }
 }
 
-const WORKER_COLS: &str =
-    "name, host, pid, queues, kinds, concurrency, started_at, last_seen, clock_offset_ms";
+const WORKER_COLS: &str = "name, host, pid, queues, kinds, concurrency, started_at, last_seen, \
+    clock_offset_ms, policy_version";
 
 const UPSERT: &str = "INSERT INTO redrive_workers \
-    (name, host, pid, queues, kinds, concurrency, started_at, last_seen, clock_offset_ms) \
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (name) DO UPDATE SET \
+    (name, host, pid, queues, kinds, concurrency, started_at, last_seen, clock_offset_ms, \
+    policy_version) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (name) DO UPDATE SET \
     host = excluded.host, pid = excluded.pid, queues = excluded.queues, kinds = excluded.kinds, \
     concurrency = excluded.concurrency, started_at = excluded.started_at, \
-    last_seen = excluded.last_seen, clock_offset_ms = excluded.clock_offset_ms";
+    last_seen = excluded.last_seen, clock_offset_ms = excluded.clock_offset_ms, \
+    policy_version = excluded.policy_version";
 
 const BEAT: &str = "UPDATE redrive_workers SET last_seen = $2, \
-    clock_offset_ms = COALESCE($3, clock_offset_ms) WHERE name = $1";
+    clock_offset_ms = COALESCE($3, clock_offset_ms), \
+    policy_version = COALESCE($4, policy_version) WHERE name = $1";
 const REMOVE: &str = "DELETE FROM redrive_workers WHERE name = $1";
 const EXPIRE: &str = "DELETE FROM redrive_workers WHERE last_seen < $1";
 const WAITING: &str = "SELECT queue, kind, COUNT(*) AS n, MIN(run_at) AS oldest FROM redrive_jobs \
@@ -146,6 +155,9 @@ fn check_worker(w: &WorkerInfo) -> Result<()> {
     if w.host.len() > crate::MAX_NAME_LEN {
         return Err(bad("host", &w.host, "longer than 255 bytes"));
     }
+    if let Some(v) = &w.policy_version {
+        crate::model::name("policy_version", v)?;
+    }
     Ok(())
 }
 
@@ -165,6 +177,7 @@ impl Store {
                 .bind(millis(w.started_at))
                 .bind(millis(now))
                 .bind(w.clock_offset_ms)
+                .bind(w.policy_version.as_deref())
                 .execute(pool)
                 .await?;
         });
@@ -185,11 +198,28 @@ impl Store {
         now: Timestamp,
         clock_offset_ms: Option<i64>,
     ) -> Result<bool> {
+        self.worker_heartbeat_with(name, now, clock_offset_ms, None)
+            .await
+    }
+
+    /// [`Store::worker_heartbeat_offset`] that also stores the policies the worker runs now
+    /// ([`WorkerInfo::policy_version`]; `None` keeps the stored one).
+    pub async fn worker_heartbeat_with(
+        &self,
+        name: &str,
+        now: Timestamp,
+        clock_offset_ms: Option<i64>,
+        policy_version: Option<&str>,
+    ) -> Result<bool> {
+        if let Some(v) = policy_version {
+            crate::model::name("policy_version", v)?;
+        }
         let n = on_pool!(self, pool => {
             sqlx::query(BEAT)
                 .bind(name)
                 .bind(millis(now))
                 .bind(clock_offset_ms)
+                .bind(policy_version)
                 .execute(pool)
                 .await?
                 .rows_affected()

@@ -251,6 +251,7 @@ mod cases {
             started_at: t0,
             last_seen: t0,
             clock_offset_ms: None,
+            policy_version: None,
         };
         assert!(s.workers(t0).await.unwrap().is_empty());
         for (q, k) in [
@@ -3355,6 +3356,7 @@ mod db_clock {
                 started_at: now,
                 last_seen: now,
                 clock_offset_ms: Some(-3_000),
+                policy_version: None,
             };
             let unsynced = WorkerInfo {
                 name: "unsynced".into(),
@@ -3685,4 +3687,180 @@ async fn a_postgres_server_error_names_no_source_line() {
     assert!(e.contains("does not exist"), "{e}");
     assert!(e.contains("(SQLSTATE 3D000)"), "{e}");
     assert!(!e.contains(" at line "), "{e}");
+}
+
+/// Versions of the policies document (issue 37): numbered from 1, a new one only when the
+/// text differs from the latest, audited with it, and the registry's policy version.
+mod policy_versions {
+    use super::*;
+
+    both_backends!(
+        policy_versions_are_numbered_and_an_identical_body_stores_nothing,
+        concurrent_applies_of_two_bodies_store_each_once_without_gaps,
+        the_registry_keeps_each_workers_policy_version,
+    );
+
+    mod cases {
+        use super::*;
+
+        pub(crate) async fn policy_versions_are_numbered_and_an_identical_body_stores_nothing(
+            s: &Store,
+        ) {
+            assert_eq!(s.latest_policy_version().await.unwrap(), None);
+            assert_eq!(s.policy_version_number().await.unwrap(), None);
+            let alice = Actor::new("alice", "cli");
+            let v1 = s
+                .put_policy_version("[policy.checkout]\n", &alice, Some("first"), ms(T0))
+                .await
+                .unwrap();
+            assert!(v1.created);
+            assert_eq!(v1.version.version, 1);
+            assert_eq!(v1.version.body, "[policy.checkout]\n");
+            assert_eq!(v1.version.digest, policy_digest("[policy.checkout]\n"));
+            assert_eq!(v1.version.applied_at, ms(T0));
+            assert_eq!(
+                (v1.version.applied_by.as_str(), v1.version.via.as_str()),
+                ("alice", "cli")
+            );
+            assert_eq!(v1.version.comment.as_deref(), Some("first"));
+            // The same text again: nothing new, the latest returned.
+            let again = s
+                .put_policy_version(
+                    "[policy.checkout]\n",
+                    &Actor::new("bob", "cli"),
+                    None,
+                    ms(T0 + 1),
+                )
+                .await
+                .unwrap();
+            assert!(!again.created);
+            assert_eq!(again.version, v1.version);
+            let v2 = s
+                .put_policy_version(
+                    "[policy.checkout]\nextends = \"payment\"\n",
+                    &alice,
+                    None,
+                    ms(T0 + 2),
+                )
+                .await
+                .unwrap();
+            assert!(v2.created);
+            assert_eq!(v2.version.version, 2);
+            assert_eq!(s.policy_version_number().await.unwrap(), Some(2));
+            assert_eq!(
+                s.latest_policy_version().await.unwrap(),
+                Some(v2.version.clone())
+            );
+            assert_eq!(s.policy_version(1).await.unwrap(), Some(v1.version.clone()));
+            assert_eq!(s.policy_version(3).await.unwrap(), None);
+            // Back to the first text: a third version (a change back is a change).
+            let v3 = s
+                .put_policy_version("[policy.checkout]\n", &alice, None, ms(T0 + 3))
+                .await
+                .unwrap();
+            assert_eq!((v3.created, v3.version.version), (true, 3));
+            let listed: Vec<i64> = s
+                .policy_versions(10)
+                .await
+                .unwrap()
+                .iter()
+                .map(|v| v.version)
+                .collect();
+            assert_eq!(listed, [3, 2, 1]);
+            assert_eq!(s.policy_versions(1).await.unwrap()[0].version, 3);
+            // Each stored version wrote one audit row; the unchanged apply none.
+            let audit: Vec<(String, i64)> = s
+                .audit(None, 100)
+                .await
+                .unwrap()
+                .into_iter()
+                .filter(|a| a.action == "policy_apply")
+                .map(|a| (a.actor, a.target["version"].as_i64().unwrap()))
+                .collect();
+            assert_eq!(
+                audit,
+                [
+                    ("alice".into(), 3),
+                    ("alice".into(), 2),
+                    ("alice".into(), 1)
+                ]
+            );
+            // Bad input names the field.
+            let e = s
+                .put_policy_version(" ", &alice, None, ms(T0))
+                .await
+                .unwrap_err();
+            assert!(e.to_string().contains("invalid body"), "{e}");
+            assert_eq!(s.policy_version_number().await.unwrap(), Some(3));
+        }
+
+        pub(crate) async fn concurrent_applies_of_two_bodies_store_each_once_without_gaps(
+            s: &Store,
+        ) {
+            let mut tasks = Vec::new();
+            for i in 0..8 {
+                let s = s.clone();
+                tasks.push(tokio::spawn(async move {
+                    let body = format!("# body {}\n", i % 2);
+                    s.put_policy_version(&body, &Actor::new(format!("op{i}"), "cli"), None, ms(T0))
+                        .await
+                        .unwrap()
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+            let versions = s.policy_versions(100).await.unwrap();
+            let numbers: Vec<i64> = versions.iter().map(|v| v.version).collect();
+            // Each apply stores its text unless it is the latest: the numbers have no gaps
+            // and no two neighbours share a text.
+            let n = i64::try_from(numbers.len()).unwrap();
+            assert_eq!(numbers, (1..=n).rev().collect::<Vec<_>>());
+            assert!((2..=8).contains(&n), "{numbers:?}");
+            for w in versions.windows(2) {
+                assert_ne!(w[0].digest, w[1].digest, "{numbers:?}");
+            }
+        }
+
+        pub(crate) async fn the_registry_keeps_each_workers_policy_version(s: &Store) {
+            let now = ms(s.db_time().await.unwrap().timestamp_millis());
+            let w = WorkerInfo {
+                name: "w1".into(),
+                host: "h".into(),
+                pid: 1,
+                queues: vec![],
+                kinds: Kinds::Any,
+                concurrency: 1,
+                started_at: now,
+                last_seen: now,
+                clock_offset_ms: None,
+                policy_version: Some("v1".into()),
+            };
+            s.register_worker(&w, now).await.unwrap();
+            assert_eq!(
+                s.workers(now).await.unwrap()[0].policy_version.as_deref(),
+                Some("v1")
+            );
+            assert!(
+                s.worker_heartbeat_with("w1", now, None, Some("v2"))
+                    .await
+                    .unwrap()
+            );
+            assert_eq!(
+                s.workers(now).await.unwrap()[0].policy_version.as_deref(),
+                Some("v2")
+            );
+            // A beat that says nothing keeps it.
+            assert!(s.worker_heartbeat("w1", now).await.unwrap());
+            assert_eq!(
+                s.workers(now).await.unwrap()[0].policy_version.as_deref(),
+                Some("v2")
+            );
+            let e = s
+                .worker_heartbeat_with("w1", now, None, Some(""))
+                .await
+                .unwrap_err();
+            assert!(e.to_string().contains("policy_version"), "{e}");
+        }
+    }
 }

@@ -100,16 +100,15 @@ fn refuse(bad: Vec<String>, from: &str) -> anyhow::Result<()> {
 
 /// Every line as a validated job, as `POST /v1/jobs` validates its body.
 fn parse_jobs(
-    global: &Global,
+    set: &redrive_policy::PolicySet,
     lines: &[Line],
     from: &str,
     now: redrive_store::Timestamp,
 ) -> anyhow::Result<Vec<NewJob>> {
-    let set = policies::load(global)?;
     let mut jobs = Vec::with_capacity(lines.len());
     let mut bad = Vec::new();
     for l in lines {
-        match redrive_service::parse_job_object(&set, false, l.object.clone(), None, now) {
+        match redrive_service::parse_job_object(set, false, l.object.clone(), None, now) {
             Ok(job) => jobs.push(job),
             Err(e) => {
                 let field = e.field.as_deref().unwrap_or("job");
@@ -132,12 +131,17 @@ pub(crate) fn run(global: &Global, path: &str, json: bool) -> anyhow::Result<Exi
     let text = read_input(path)?;
     let lines = split_lines(&text, from)?;
     drop(text);
-    // Checked before connecting (bad input needs no database), built again on its clock.
-    parse_jobs(global, &lines, from, chrono::Utc::now())?;
+    // With `--policies FILE`, checked before connecting (bad input needs no database); built
+    // (again) on the database's clock with the policies in force: the file, else the stored
+    // version (a policy only the database knows is checked there), else built-in.
+    if global.policies.is_some() {
+        parse_jobs(&policies::load(global)?, &lines, from, chrono::Utc::now())?;
+    }
     block_on(async move {
         let store = open(global).await?;
         let now = db_now(&store).await;
-        let jobs = parse_jobs(global, &lines, from, now)?;
+        let set = policies::source(global, &store).await?.set()?;
+        let jobs = parse_jobs(&set, &lines, from, now)?;
         let outcomes = enqueue_all(&store, &jobs, &lines, now).await?;
         let created = outcomes.iter().filter(|o| o.created).count();
         let existing = outcomes.len() - created;

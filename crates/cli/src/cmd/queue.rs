@@ -218,17 +218,42 @@ pub(crate) fn payload(arg: Option<&str>) -> anyhow::Result<serde_json::Value> {
         .map_err(|e| usage(format!("--payload: {from} is not valid JSON: {e}")))
 }
 
+/// The job `enqueue` asks for, checked before a database is opened: with `--policies FILE`,
+/// wholly; without, every flag but those the named policy bounds (`--policy` itself and
+/// `--max-attempts`), which [`new_job_with`] checks against the stored policies.
 fn new_job(
     global: &Global,
     a: &EnqueueArgs,
     payload: serde_json::Value,
     now: chrono::DateTime<chrono::Utc>,
 ) -> anyhow::Result<NewJob> {
-    let set = policies::load(global)?;
+    if global.policies.is_some() {
+        return new_job_with(&policies::load(global)?, a, payload, now);
+    }
+    JobRequest {
+        max_attempts: None,
+        ..request(a, payload)
+    }
+    .build(&redrive_policy::RetryPolicy::payment(), now)
+    .map_err(flag_error)
+}
+
+/// The job `enqueue` asks for under the policies in force (`set`).
+fn new_job_with(
+    set: &redrive_policy::PolicySet,
+    a: &EnqueueArgs,
+    payload: serde_json::Value,
+    now: chrono::DateTime<chrono::Utc>,
+) -> anyhow::Result<NewJob> {
     let policy_name = a.policy.as_deref().unwrap_or("payment");
     let policy = set
         .get(policy_name)
         .map_err(|e| usage(format!("--policy: {e}")))?;
+    request(a, payload).build(policy, now).map_err(flag_error)
+}
+
+/// The flags of `enqueue` as the shared enqueue request.
+fn request(a: &EnqueueArgs, payload: serde_json::Value) -> JobRequest {
     JobRequest {
         key: a.key.clone(),
         quota_key: a.quota_key.clone(),
@@ -248,8 +273,6 @@ fn new_job(
             payload,
         )
     }
-    .build(policy, now)
-    .map_err(flag_error)
 }
 
 /// A refusal of the shared enqueue validation, naming the flag: a usage error (exit 2).
@@ -294,7 +317,9 @@ pub(crate) fn enqueue(global: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCod
     block_on(async move {
         let store = open(global).await?;
         let now = db_now(&store).await;
-        let job = new_job(global, &a, body, now)?;
+        // The policies: `--policies FILE`, else the stored version, else built-in.
+        let set = policies::source(global, &store).await?.set()?;
+        let job = new_job_with(&set, &a, body, now)?;
         let e = store.enqueue(&job, now).await?;
         if !e.created {
             // The same key for another request is an error, as in the API (exit 1).
@@ -493,7 +518,7 @@ pub(crate) fn show(global: &Global, a: ShowArgs) -> anyhow::Result<ExitCode> {
             Some(k) => Some(
                 crate::cmd::quota::usage_of(
                     &store,
-                    &policies::load(global)?,
+                    &policies::source(global, &store).await?.set()?,
                     k,
                     chrono::Utc::now(),
                 )
@@ -804,7 +829,7 @@ pub(crate) fn workers(global: &Global, a: JsonArgs) -> anyhow::Result<ExitCode> 
             return Ok(ExitCode::SUCCESS);
         }
         outln!(
-            "{:<28} {:<16} {:>8} {:<16} {:<16} {:>5} {:>4}  {:<20} {:<14} LAST SEEN",
+            "{:<28} {:<16} {:>8} {:<16} {:<16} {:>5} {:>4}  {:<20} {:<14} {:<24} LAST SEEN",
             "NAME",
             "HOST",
             "PID",
@@ -813,7 +838,8 @@ pub(crate) fn workers(global: &Global, a: JsonArgs) -> anyhow::Result<ExitCode> 
             "CONC",
             "CONN",
             "STARTED",
-            "CLOCK"
+            "CLOCK",
+            "POLICIES"
         );
         for w in &workers {
             let queues = if w.queues.is_empty() {
@@ -822,7 +848,7 @@ pub(crate) fn workers(global: &Global, a: JsonArgs) -> anyhow::Result<ExitCode> 
                 w.queues.join(",")
             };
             outln!(
-                "{:<28} {:<16} {:>8} {:<16} {:<16} {:>5} {:>4}  {:<20} {:<14} {}s ago",
+                "{:<28} {:<16} {:>8} {:<16} {:<16} {:>5} {:>4}  {:<20} {:<14} {:<24} {}s ago",
                 truncate(&w.name, 28),
                 truncate(&w.host, 16),
                 w.pid,
@@ -832,6 +858,7 @@ pub(crate) fn workers(global: &Global, a: JsonArgs) -> anyhow::Result<ExitCode> 
                 conns_of(w).map_or_else(|| "-".to_owned(), |n| n.to_string()),
                 w.started_at.format("%Y-%m-%d %H:%M:%S"),
                 clock_text(w.clock_offset_ms),
+                w.policy_version.as_deref().unwrap_or("-"),
                 (now - w.last_seen).num_seconds().max(0)
             );
         }

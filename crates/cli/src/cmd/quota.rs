@@ -88,9 +88,10 @@ fn lift(global: &Global, a: QuotaShowArgs) -> anyhow::Result<ExitCode> {
 
 fn show(global: &Global, a: QuotaShowArgs) -> anyhow::Result<ExitCode> {
     redrive_store::check_quota_key(&a.key).map_err(|e| crate::error::usage(format!("KEY: {e}")))?;
-    let set = policies::load(global)?;
+    policies::load(global)?;
     block_on(async move {
         let store = open_existing(global).await?;
+        let set = policies::source(global, &store).await?.set()?;
         let u = usage_of(&store, &set, &a.key, Utc::now()).await?;
         if a.json {
             outln!("{}", serde_json::to_string_pretty(&u)?);

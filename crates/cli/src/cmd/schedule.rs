@@ -30,9 +30,12 @@ pub(crate) fn housekeeping(b: WorkerBuilder, a: &HousekeepingArgs) -> WorkerBuil
     b.retention(retention).scheduler(scheduler)
 }
 
-/// Upserts the policies file's `[[schedules]]` (origin `policies`); returns how many.
-pub(crate) async fn upsert_file_schedules(global: &Global, store: &Store) -> anyhow::Result<usize> {
-    let specs = policies::schedules(global)?;
+/// Upserts the policies document's `[[schedules]]` (origin `policies`); returns how many.
+pub(crate) async fn upsert_file_schedules(
+    source: &policies::Source,
+    store: &Store,
+) -> anyhow::Result<usize> {
+    let specs = source.schedules()?;
     let now = crate::cmd::queue::db_now(store).await;
     for spec in &specs {
         store.upsert_schedule(spec, "policies", now).await?;
@@ -150,7 +153,6 @@ pub(crate) fn run(global: &Global, cmd: ScheduleCommand) -> anyhow::Result<ExitC
 }
 
 fn add(global: &Global, a: ScheduleAddArgs) -> anyhow::Result<ExitCode> {
-    let set = policies::load(global)?;
     let payload = crate::cmd::queue::payload(a.payload.as_deref())?;
     let req = redrive_service::ScheduleRequest {
         name: a.name.clone(),
@@ -163,24 +165,32 @@ fn add(global: &Global, a: ScheduleAddArgs) -> anyhow::Result<ExitCode> {
         priority: a.priority,
         missed: Some(a.missed.clone()),
     };
-    let now = chrono::Utc::now();
-    let spec = redrive_service::schedule_spec(&set, &req, now).map_err(|e| match &e {
-        redrive_http::EnqueueError::Invalid {
-            field,
-            value,
-            reason,
-        } if ["cron", "missed", "name"].contains(&field.as_str()) => {
-            let flag = if field == "name" {
-                "NAME".to_owned()
-            } else {
-                format!("--{field}")
-            };
-            usage(format!("{flag}: {field} {value:?}: {reason}"))
-        }
-        _ => crate::cmd::queue::flag_error(e),
-    })?;
+    let spec_of = move |set: &redrive_policy::PolicySet| {
+        redrive_service::schedule_spec(set, &req, chrono::Utc::now()).map_err(|e| match &e {
+            redrive_http::EnqueueError::Invalid {
+                field,
+                value,
+                reason,
+            } if ["cron", "missed", "name"].contains(&field.as_str()) => {
+                let flag = if field == "name" {
+                    "NAME".to_owned()
+                } else {
+                    format!("--{field}")
+                };
+                usage(format!("{flag}: {field} {value:?}: {reason}"))
+            }
+            _ => crate::cmd::queue::flag_error(e),
+        })
+    };
+    // Checked before a database is opened, unless the policy named is one only the stored
+    // policies may know.
+    let early = policies::load(global)?;
+    if global.policies.is_some() || a.policy.as_deref().is_none_or(|p| early.get(p).is_ok()) {
+        spec_of(&early)?;
+    }
     block_on(async move {
         let store = open(global).await?;
+        let spec = spec_of(&policies::source(global, &store).await?.set()?)?;
         // The schedule's next tick is computed in the database's clock (R24).
         let now = crate::cmd::queue::db_now(&store).await;
         let (s, created) = store.upsert_schedule(&spec, "api", now).await?;

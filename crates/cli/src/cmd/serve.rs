@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use redrive_http::HttpJob;
 use redrive_policy::StatusTable;
-use redrive_runtime::{DEFAULT_CLOCK_SYNC, DbClock, Worker};
+use redrive_runtime::{DEFAULT_CLOCK_SYNC, DbClock, LivePolicies, Worker};
 use redrive_service::{ApiToken, AppConfig, ConnLimits, ReadyCheck, ServiceConfig, ServiceError};
 use redrive_store::Clock;
 use tokio_util::sync::CancellationToken;
@@ -42,14 +42,20 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let kinds = crate::cmd::work::chosen_kinds(&a.kinds)?;
-    let (set, egress) = policies::load_for_workers(global, &a.egress)?;
-    let http = HttpJob::with_egress(StatusTable::default(), egress)?;
-    let alerts = policies::load_alerts(global)?;
-    let payload = policies::payload_settings(global)?;
+    // A `--policies` file is checked before a database is opened; the policies run are
+    // resolved once it is (the file, else the stored version, else built-in).
+    policies::load_for_workers(global, &a.egress)?;
     let clock_setup = crate::clock::ClockSetup::from_env()?;
     redrive_store::labels::set_max_labels(a.metrics_max_labels);
     block_on(async move {
         let store = open_durable(global, "serve").await?;
+        let (source, label, latest) = crate::policy_watch::start(global, &store).await?;
+        let (set, egress) = source.for_workers(&a.egress)?;
+        let http = HttpJob::with_egress(StatusTable::default(), egress)?;
+        let alerts = source.alerts()?;
+        let payload = source.payload()?;
+        // The API and the worker pool read one set, replaced when a new version is stored.
+        let live = LivePolicies::new(set.clone()).with_label(label);
         // One clock for the API's writes and the worker pool, in the database's time (R24),
         // measured before the first request and kept measured until shutdown.
         let stop = CancellationToken::new();
@@ -65,7 +71,14 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
         } else {
             clock_setup.local.clone()
         };
-        crate::cmd::schedule::upsert_file_schedules(global, &store).await?;
+        crate::cmd::schedule::upsert_file_schedules(&source, &store).await?;
+        let policy_watch = crate::policy_watch::spawn(
+            store.clone(),
+            live.clone(),
+            source.clone(),
+            latest.map(|v| v.version),
+            stop.clone(),
+        );
         let prometheus = redrive_runtime::metrics::prometheus_builder()
             .context("configuring the Prometheus histograms")?
             .install_recorder()
@@ -86,7 +99,7 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
                 &kinds,
                 http,
             )
-            .policies(set.clone())
+            .live_policies(live.clone())
             .concurrency(a.workers as usize)
             .gauge_interval(None);
             let w = if clock_setup.sync {
@@ -122,6 +135,7 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
                 token: None,
                 tokens,
                 policies: set,
+                live_policies: Some(live),
                 prometheus: Some(prometheus),
                 public_hosts: a.public_hosts.clone(),
                 cookie_secure: a.cookie_secure,
@@ -155,6 +169,7 @@ pub(crate) fn run(global: &Global, a: ServeArgs) -> anyhow::Result<ExitCode> {
         let served = redrive_service::serve(config, shutdown).await;
         stop.cancel();
         let _ = gauges.await;
+        let _ = policy_watch.await;
         if let Some(w) = workers {
             w.await
                 .context("the worker pool's watch")?

@@ -13,9 +13,21 @@ use redrive_sim::{
 use crate::args::{Global, SimulateArgs, parse_duration};
 use crate::error::usage;
 
-pub(crate) fn run(_global: &Global, args: SimulateArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(global: &Global, args: SimulateArgs) -> anyhow::Result<ExitCode> {
     if let Some(name) = &args.scenario {
-        return crate::cmd::simulate_demo::run(&args, name);
+        return crate::cmd::simulate_demo::run(global, &args, name);
+    }
+    // A named policy runs the `fleet` scenario with it.
+    if args.policy.is_some() {
+        let mut args = args;
+        if args.model.trim() == "occ" {
+            // The default model: a named policy is a run of the queue model.
+            args.model = "capacity".into();
+        }
+        return crate::cmd::simulate_demo::run(global, &args, "fleet");
+    }
+    if args.dependency.is_some() {
+        return Err(usage("--dependency applies to --scenario fleet only"));
     }
     if args.error_rate.is_some() {
         return Err(usage("--error-rate applies to --scenario fleet only"));

@@ -16,7 +16,7 @@ use redrive_psp_sim::Faults;
 use redrive_sim::{PspModel, PspOutage, QueueConfig, QueueRun, QueueSummary};
 use serde::Serialize;
 
-use crate::args::{DemoArgs, SimulateArgs};
+use crate::args::{DemoArgs, Global, SimulateArgs};
 use crate::cmd::demo_scenario::{CALL_TIMEOUT, DEPENDENCY, POLL_INTERVAL, policies, scenario};
 use crate::cmd::simulate::{check_plot, parse_clients};
 use crate::error::usage;
@@ -47,8 +47,8 @@ struct Report<'a> {
     runs: &'a [QueueRun],
 }
 
-pub(crate) fn run(a: &SimulateArgs, name: &str) -> anyhow::Result<ExitCode> {
-    let cfg = resolve(a, name)?;
+pub(crate) fn run(global: &Global, a: &SimulateArgs, name: &str) -> anyhow::Result<ExitCode> {
+    let cfg = resolve(global, a, name)?;
     let runs = a.runs.unwrap_or(DEFAULT_RUNS);
     let bar = progress(runs);
     let results = redrive_sim::run_queue_many(&cfg, runs, a.seed, &|n| bar.inc(n))
@@ -133,7 +133,7 @@ fn workers(cfg: &QueueConfig) -> String {
 }
 
 /// The scenario's run as the `queue` model's parameters.
-fn resolve(a: &SimulateArgs, name: &str) -> anyhow::Result<QueueConfig> {
+fn resolve(global: &Global, a: &SimulateArgs, name: &str) -> anyhow::Result<QueueConfig> {
     let fleet = match name.trim() {
         "demo" => false,
         "fleet" => true,
@@ -157,6 +157,8 @@ fn resolve(a: &SimulateArgs, name: &str) -> anyhow::Result<QueueConfig> {
         (a.error_rate.is_some() && !fleet, "--error-rate"),
         (a.outage.is_some(), "--outage"),
         (a.max_attempts.is_some(), "--max-attempts"),
+        (a.policy.is_some() && !fleet, "--policy"),
+        (a.dependency.is_some() && !fleet, "--dependency"),
     ];
     if let Some((_, flag)) = fixed.iter().find(|(given, _)| *given) {
         return Err(usage(format!(
@@ -184,8 +186,13 @@ fn resolve(a: &SimulateArgs, name: &str) -> anyhow::Result<QueueConfig> {
     let processes = a.processes.unwrap_or(if fleet { FLEET.0 } else { 1 });
     let clock_skew = a.clock_skew.unwrap_or_default();
     let cfg = if fleet {
-        let set = PolicySet::builtin();
-        let policy = set.get(PolicySet::DEFAULT_POLICY)?.clone();
+        // The policies in force: `--policies FILE`, else the stored version, else built-in.
+        let set = crate::policies::source_without_store(global)?.set()?;
+        let policy = set
+            .get(a.policy.as_deref().unwrap_or(PolicySet::DEFAULT_POLICY))
+            .map_err(|e| usage(format!("--policy: {e}")))?
+            .clone();
+        let dependency = a.dependency.as_deref().unwrap_or(DEPENDENCY);
         // The fleet's PSP may be changed (issue 35's second fleet: 40/s, `Retry-After: 3`,
         // 5% 5xx); the rest of the scenario is fixed.
         let retry_after = match &a.retry_after {
@@ -208,7 +215,7 @@ fn resolve(a: &SimulateArgs, name: &str) -> anyhow::Result<QueueConfig> {
             workers,
             processes,
             clock_skew,
-            ..QueueConfig::new(policy, set.flow(DEPENDENCY), psp)
+            ..QueueConfig::new(policy, set.flow(dependency), psp)
         }
     } else {
         let (set, policy) = policies()?;

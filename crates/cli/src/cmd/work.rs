@@ -14,7 +14,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use redrive_http::HttpJob;
 use redrive_policy::StatusTable;
-use redrive_runtime::{Noop, Summary, Worker, WorkerBuilder};
+use redrive_runtime::{LivePolicies, Noop, Summary, Worker, WorkerBuilder};
 use tokio_util::sync::CancellationToken;
 
 use crate::args::{Global, WorkArgs};
@@ -75,9 +75,9 @@ pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let kinds = chosen_kinds(&a.kinds)?;
-    let (set, egress) = policies::load_for_workers(global, &a.egress)?;
-    let http = HttpJob::with_egress(StatusTable::default(), egress)?;
-    let alerts = policies::load_alerts(global)?;
+    // A `--policies` file is checked before a database is opened; the policies run are
+    // resolved once it is (the file, else the stored version, else built-in).
+    policies::load_for_workers(global, &a.egress)?;
     let clock = crate::clock::ClockSetup::from_env()?;
     redrive_store::labels::set_max_labels(a.metrics_max_labels);
     block_on(async move {
@@ -91,11 +91,26 @@ pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
             eprintln!("metrics on http://{addr}/metrics");
         }
         let store = open_durable(global, "work").await?;
+        let (source, label, latest) = crate::policy_watch::start(global, &store).await?;
+        let (set, egress) = source.for_workers(&a.egress)?;
+        let http = HttpJob::with_egress(StatusTable::default(), egress)?;
+        let alerts = source.alerts()?;
+        let live = LivePolicies::new(set.clone()).with_label(label);
+        // A new stored version reaches this process's workers while they run.
+        let watch_stop = CancellationToken::new();
+        let watch = crate::policy_watch::spawn(
+            store.clone(),
+            live.clone(),
+            source.clone(),
+            latest.map(|v| v.version),
+            watch_stop.clone(),
+        );
+        let _stop_watch = watch_stop.clone().drop_guard();
         let store_for_schedules = store.clone();
         let alert_store = store.clone();
-        let alert_set = set.clone();
+        let alert_set = set;
         let worker = with_builtin_handlers(Worker::builder(store, a.queues.clone()), &kinds, http)
-            .policies(set)
+            .live_policies(live)
             .concurrency(a.concurrency as usize)
             .shutdown_grace(a.shutdown_grace)
             .lease(a.lease)
@@ -107,7 +122,7 @@ pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
             // The gauges that need the database, from the pool's loop (one task).
             .gauge_interval(Some(a.metrics_refresh));
         let worker = crate::cmd::schedule::housekeeping(worker, &a.housekeeping).build()?;
-        crate::cmd::schedule::upsert_file_schedules(global, &store_for_schedules).await?;
+        crate::cmd::schedule::upsert_file_schedules(&source, &store_for_schedules).await?;
         let total: Summary = if a.until_idle {
             let mut total = worker.run_until_idle().await?;
             if a.max_jobs.is_none() {
@@ -134,6 +149,8 @@ pub(crate) fn run(global: &Global, a: WorkArgs) -> anyhow::Result<ExitCode> {
             policies::spawn_alerts(alert_store, alerts, alert_set, stop.clone());
             worker.run(stop).await?
         };
+        watch_stop.cancel();
+        let _ = watch.await;
         outln!(
             "succeeded {}, dead {}, deferred {}, released {}, lease lost {}, attempts {}, claims {} ({} empty)",
             total.succeeded,

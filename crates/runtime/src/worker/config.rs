@@ -19,7 +19,7 @@ pub struct WorkerBuilder {
     pub(super) store: Store,
     pub(super) queues: Vec<String>,
     pub(super) handlers: HashMap<String, Arc<dyn Handler>>,
-    pub(super) policies: PolicySet,
+    pub(super) policies: crate::LivePolicies,
     pub(super) queue_policies: HashMap<String, RetryPolicy>,
     pub(super) kind_policies: HashMap<String, RetryPolicy>,
     pub(super) concurrency: usize,
@@ -128,7 +128,7 @@ impl WorkerBuilder {
             store,
             queues,
             handlers: HashMap::new(),
-            policies: PolicySet::builtin(),
+            policies: crate::LivePolicies::new(PolicySet::builtin()),
             queue_policies: HashMap::new(),
             kind_policies: HashMap::new(),
             concurrency: DEFAULT_CONCURRENCY,
@@ -169,6 +169,14 @@ impl WorkerBuilder {
     /// The policies jobs name and the breaker settings per dependency (default: the built-in
     /// presets and the default breaker).
     pub fn policies(mut self, p: PolicySet) -> Self {
+        self.policies = crate::LivePolicies::new(p);
+        self
+    }
+    /// Policies that may be replaced while the worker runs ([`crate::LivePolicies`]): each
+    /// claim runs under the set in force when it starts; breakers and rate limits take a
+    /// changed flow configuration at their next use. The set's label is shown in the
+    /// worker's registry row (`redrive workers`), refreshed at once on a replacement.
+    pub fn live_policies(mut self, p: crate::LivePolicies) -> Self {
         self.policies = p;
         self
     }

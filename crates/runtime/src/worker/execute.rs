@@ -16,7 +16,8 @@ use futures::FutureExt;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use redrive_policy::{
-    Action, DeferReason, FailureClass, JobCounters, Outcome, RetryPolicy, Timestamp, Verdict,
+    Action, DeferReason, FailureClass, JobCounters, Outcome, PolicySet, RetryPolicy, Timestamp,
+    Verdict,
 };
 use redrive_store::{Completion, Job, Lease, NewAttempt, NewDecline, Transition};
 use tokio::sync::OwnedSemaphorePermit;
@@ -70,6 +71,8 @@ struct Claim<'a> {
     /// The job's policy, borrowed from the worker's configuration (a clone per claim, with
     /// its status table, was a visible share of a busy worker's CPU).
     policy: Cow<'a, RetryPolicy>,
+    /// The policies in force when the claim started ([`crate::LivePolicies::current`]).
+    policies: &'a PolicySet,
     rng: SmallRng,
     lease: Lease,
     counters: JobCounters,
@@ -124,8 +127,8 @@ impl Run {
     /// The policy of a job: its kind's, else its queue's, else the one it names; its attempt
     /// budget lowered to the job's own `max_attempts` when that is smaller
     /// ([`RetryPolicy::limited_to`]).
-    fn policy(&self, job: &Job) -> Cow<'_, RetryPolicy> {
-        match self.named_policy(job) {
+    fn policy<'a>(&'a self, job: &Job, set: &'a PolicySet) -> Cow<'a, RetryPolicy> {
+        match self.named_policy(job, set) {
             Cow::Borrowed(p) => p.limited_to(job.max_attempts),
             Cow::Owned(p) => Cow::Owned(p.limited_to(job.max_attempts).into_owned()),
         }
@@ -133,7 +136,7 @@ impl Run {
 
     /// The policy of a job before its own limit: its kind's, else its queue's, else the one
     /// it names.
-    fn named_policy(&self, job: &Job) -> Cow<'_, RetryPolicy> {
+    fn named_policy<'a>(&'a self, job: &Job, set: &'a PolicySet) -> Cow<'a, RetryPolicy> {
         let config = &self.shared.config;
         if let Some(p) = config.kind_policies.get(&job.kind) {
             return Cow::Borrowed(p);
@@ -141,7 +144,7 @@ impl Run {
         if let Some(p) = config.queue_policies.get(&job.queue) {
             return Cow::Borrowed(p);
         }
-        match config.policies.get(&job.policy) {
+        match set.get(&job.policy) {
             Ok(p) => Cow::Borrowed(p),
             Err(_) => {
                 tracing::warn!(job = job.id, policy = %job.policy, "unknown policy; using payment");
@@ -218,7 +221,9 @@ impl Run {
         cancel: &CancellationToken,
         metrics: &JobMetrics,
     ) -> Result<Summary, RuntimeError> {
-        let mut claim = match self.start(job, lost, cancel, metrics).await {
+        // The policies in force when the claim starts: it runs under them to its end.
+        let policies = self.shared.config.policies.current();
+        let mut claim = match self.start(job, &policies, lost, cancel, metrics).await {
             Ok(claim) => claim,
             Err(end) => return end,
         };
@@ -241,6 +246,7 @@ impl Run {
     async fn start<'a>(
         &'a self,
         job: &'a Job,
+        policies: &'a PolicySet,
         lost: &'a CancellationToken,
         cancel: &'a CancellationToken,
         metrics: &'a JobMetrics,
@@ -249,7 +255,8 @@ impl Run {
         let mut claim = Claim {
             job,
             lost,
-            policy: self.policy(job),
+            policy: self.policy(job, policies),
+            policies,
             rng: SmallRng::seed_from_u64(
                 config.seed ^ (job.id as u64).rotate_left(17) ^ u64::from(job.attempts),
             ),
@@ -433,7 +440,7 @@ impl Run {
             return Phase::Next(inflight);
         };
         let config = &self.shared.config;
-        let quotas = config.policies.quotas();
+        let quotas = claim.policies.quotas();
         let gate = Box::pin(declines::gate(
             &self.shared.db,
             claim.job,

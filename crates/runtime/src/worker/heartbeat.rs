@@ -16,21 +16,27 @@ impl Worker {
             let config = &worker.shared.config;
             let info = worker.info(config.clock.now());
             let mut registered = false;
+            // A replacement of the policies refreshes the row at once (`redrive workers`
+            // shows the version each process runs).
+            let mut policies_changed = config.policies.subscribe();
             loop {
                 let now = config.clock.now();
                 let offset = worker.clock_offset_ms();
+                let label = config.policies.label();
                 let r = if registered {
                     let name = info.name.clone();
                     worker
                         .shared
                         .db
                         .run(move |s| async move {
-                            s.worker_heartbeat_offset(&name, now, offset).await
+                            s.worker_heartbeat_with(&name, now, offset, label.as_deref())
+                                .await
                         })
                         .await
                 } else {
                     let info = WorkerInfo {
                         clock_offset_ms: offset,
+                        policy_version: label,
                         ..info.clone()
                     };
                     worker
@@ -47,6 +53,7 @@ impl Worker {
                 tokio::select! {
                     _ = stop.cancelled() => break,
                     _ = tokio::time::sleep(config.registry_heartbeat) => {}
+                    Ok(()) = policies_changed.changed() => {}
                 }
             }
             let name = info.name.clone();

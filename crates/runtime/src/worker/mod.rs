@@ -165,6 +165,7 @@ impl Worker {
             started_at: now,
             last_seen: now,
             clock_offset_ms: self.clock_offset_ms(),
+            policy_version: config.policies.label(),
         }
     }
 

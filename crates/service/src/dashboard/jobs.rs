@@ -126,7 +126,7 @@ pub(super) async fn job(
     let now = Utc::now();
     let declines = store.declines(id).await?;
     let quota = match &j.quota_key {
-        Some(k) => quota_use(store, &state.inner.policies, k, now).await?,
+        Some(k) => quota_use(store, &state.inner.policies.current(), k, now).await?,
         None => Vec::new(),
     };
     let card_stop = match &j.quota_key {

@@ -20,7 +20,7 @@ pub(super) async fn workers(State(state): State<AppState>) -> Result<Response, P
         @if list.is_empty() { p.muted #no-workers { "No live workers. Start some with " code { "redrive work" } ", " code { "redrive serve --workers N" } " or your own worker built on redrive-runtime." } }
         @else {
             table #workers {
-                thead { tr { th { "Name" } th { "Host" } th { "Pid" } th { "Queues" } th { "Kinds" } th { "Concurrency" } th { "Started" } th { "Last seen" } } }
+                thead { tr { th { "Name" } th { "Host" } th { "Pid" } th { "Queues" } th { "Kinds" } th { "Concurrency" } th { "Started" } th { "Policies" } th { "Last seen" } } }
                 tbody {
                     @for w in &list {
                         tr data-name=(w.name) {
@@ -31,6 +31,7 @@ pub(super) async fn workers(State(state): State<AppState>) -> Result<Response, P
                             td.kinds { @match w.kinds.as_list() { None => { span.muted { "any" } }, Some(k) => { (k.join(", ")) } } }
                             td.n { (w.concurrency) }
                             td { (when(Some(w.started_at), now)) }
+                            td.policies { @match &w.policy_version { Some(v) => { (v) }, None => { span.muted { "-" } } } }
                             td { (relative(w.last_seen, now)) }
                         }
                     }
