@@ -556,7 +556,7 @@ impl Run {
             }
             // A decline is a fact about the card, whoever holds the job now.
             if let Outcome::Declined(advice) = called.attempted.outcome {
-                let quotas = self.shared.config.policies.quotas();
+                let quotas = claim.policies.quotas();
                 let d = declines::decline_of(claim.job, called.attempt, advice, quotas, now);
                 if let Err(e) = Box::pin(declines::record_alone(&self.shared.db, d)).await {
                     tracing::warn!(job = claim.job.id, "recording the decline failed: {e}");
@@ -581,7 +581,7 @@ impl Run {
         if let Outcome::Declined(advice) = *outcome {
             // Written with the attempt's completion (record), in its transaction.
             let n = claim.counters.attempts + 1;
-            let quotas = self.shared.config.policies.quotas();
+            let quotas = claim.policies.quotas();
             decline = Some(Box::new(declines::decline_of(job, n, advice, quotas, now)));
             claim.last_decline = Some(declines::LastDecline::of(&advice, now));
             claim.declines_seen += 1;
