@@ -1,6 +1,6 @@
 //! `redrive enqueue --file FILE`: the jobs of an NDJSON file (one job object per line, the
 //! fields of `POST /v1/jobs`), enqueued in transactions of
-//! [`MAX_BATCH_JOBS`](redrive_service::MAX_BATCH_JOBS) straight into the database.
+//! [`MAX_BATCH_JOBS`] straight into the database.
 //!
 //! Every line is parsed and validated first, by the API's own parser
 //! ([`redrive_service::parse_job_object`]) with the policies `enqueue` uses: a bad line is a
