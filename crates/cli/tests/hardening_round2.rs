@@ -258,6 +258,68 @@ fn the_policies_file_can_refuse_card_data() {
     err(&o, 2, &["payload", "refuse_card"]);
 }
 
+/// `[payload] refuse_card_data` holds for `redrive enqueue` and `enqueue --file` too, from a
+/// `--policies` file or from the stored version (`policy apply`): exit 2 naming the member,
+/// nothing stored.
+#[test]
+fn the_cli_enqueue_refuses_card_data_when_the_policies_say_so() {
+    let (dir, db) = sqlite();
+    let file = dir.path().join("policies.toml");
+    std::fs::write(&file, "[payload]\nrefuse_card_data = true\n").unwrap();
+    let policies = file.to_str().unwrap();
+    let card = r#"{"pan": "4111111111111111"}"#;
+    let lines = dir.path().join("jobs.ndjson");
+    std::fs::write(
+        &lines,
+        format!(
+            "{{\"queue\": \"q\", \"kind\": \"noop\", \"payload\": {{\"source\": \"pm_1\"}}}}\n\
+             {{\"queue\": \"q\", \"kind\": \"noop\", \"payload\": {card}}}\n"
+        ),
+    )
+    .unwrap();
+    let lines = lines.to_str().unwrap();
+    let enqueue = [
+        "enqueue",
+        "--queue",
+        "q",
+        "--kind",
+        "noop",
+        "--payload",
+        card,
+    ];
+    // Without the setting both are accepted as before (and masked when shown).
+    let o = redrive(&db, &enqueue);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // From a --policies file.
+    let with_file: Vec<&str> = ["--policies", policies]
+        .iter()
+        .chain(&enqueue)
+        .copied()
+        .collect();
+    err(&redrive(&db, &with_file), 2, &["payload.pan", "card data"]);
+    err(
+        &redrive(&db, &["--policies", policies, "enqueue", "--file", lines]),
+        2,
+        &["line 2", "payload.pan"],
+    );
+    // From the stored version, with no file given.
+    let o = redrive(&db, &["policy", "apply", policies]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    err(&redrive(&db, &enqueue), 2, &["payload.pan", "card data"]);
+    err(
+        &redrive(&db, &["enqueue", "--file", lines]),
+        2,
+        &["line 2", "payload.pan"],
+    );
+    let jobs = redrive(&db, &["jobs", "--queue", "q", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&jobs.stdout).unwrap();
+    assert_eq!(
+        v["jobs"].as_array().map(Vec::len),
+        Some(1),
+        "only the job enqueued before the setting: {v}"
+    );
+}
+
 /// Distinct `queue="…"` label values of `/metrics`.
 fn queue_labels(metrics: &str) -> std::collections::BTreeSet<String> {
     metrics

@@ -101,6 +101,7 @@ fn refuse(bad: Vec<String>, from: &str) -> anyhow::Result<()> {
 /// Every line as a validated job, as `POST /v1/jobs` validates its body.
 fn parse_jobs(
     set: &redrive_policy::PolicySet,
+    refuse_card_data: bool,
     lines: &[Line],
     from: &str,
     now: redrive_store::Timestamp,
@@ -108,7 +109,8 @@ fn parse_jobs(
     let mut jobs = Vec::with_capacity(lines.len());
     let mut bad = Vec::new();
     for l in lines {
-        match redrive_service::parse_job_object(set, false, l.object.clone(), None, now) {
+        match redrive_service::parse_job_object(set, refuse_card_data, l.object.clone(), None, now)
+        {
             Ok(job) => jobs.push(job),
             Err(e) => {
                 let field = e.field.as_deref().unwrap_or("job");
@@ -134,14 +136,18 @@ pub(crate) fn run(global: &Global, path: &str, json: bool) -> anyhow::Result<Exi
     // With `--policies FILE`, checked before connecting (bad input needs no database); built
     // (again) on the database's clock with the policies in force: the file, else the stored
     // version (a policy only the database knows is checked there), else built-in.
-    if global.policies.is_some() {
-        parse_jobs(&policies::load(global)?, &lines, from, chrono::Utc::now())?;
+    if let Some(file) = policies::Source::file(global)? {
+        let refuse = file.payload()?.refuse_card_data;
+        parse_jobs(&file.set()?, refuse, &lines, from, chrono::Utc::now())?;
     }
     block_on(async move {
         let store = open(global).await?;
         let now = db_now(&store).await;
-        let set = policies::source(global, &store).await?.set()?;
-        let jobs = parse_jobs(&set, &lines, from, now)?;
+        // `[payload] refuse_card_data` holds here as in the API: a line with card data is
+        // refused like any other bad line.
+        let source = policies::source(global, &store).await?;
+        let refuse = source.payload()?.refuse_card_data;
+        let jobs = parse_jobs(&source.set()?, refuse, &lines, from, now)?;
         let outcomes = enqueue_all(&store, &jobs, &lines, now).await?;
         let created = outcomes.iter().filter(|o| o.created).count();
         let existing = outcomes.len() - created;

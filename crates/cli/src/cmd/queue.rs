@@ -318,8 +318,19 @@ pub(crate) fn enqueue(global: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCod
         let store = open(global).await?;
         let now = db_now(&store).await;
         // The policies: `--policies FILE`, else the stored version, else built-in.
-        let set = policies::source(global, &store).await?.set()?;
+        let source = policies::source(global, &store).await?;
+        let set = source.set()?;
         let job = new_job_with(&set, &a, body, now)?;
+        // `[payload] refuse_card_data` holds for the CLI as for the API.
+        if source.payload()?.refuse_card_data
+            && let Some(path) = redrive_http::redact::find_card_data(&job.payload)
+        {
+            return Err(usage(format!(
+                "--payload: {path}: the payload carries card data (a card number or a card \
+                 field such as cvc), refused by [payload] refuse_card_data: send a token from \
+                 your PSP instead"
+            )));
+        }
         let e = store.enqueue(&job, now).await?;
         if !e.created {
             // The same key for another request is an error, as in the API (exit 1).
