@@ -18,6 +18,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redrive_store::{JobState, Store};
+
+#[path = "support/pgbouncer.rs"]
+mod bouncer;
 use redrive_testkit::cli::{Running, block, http_request, spawn_listening, terminate};
 
 /// A primary and a standby made by `scripts/pg-ha.sh`, stopped and removed on drop.
@@ -114,6 +117,31 @@ fn charges_per_run() -> usize {
 fn a_fleet_rides_a_failover_to_a_synchronous_standby() {
     let Some(ha) = Ha::start() else { return };
     let db = ha.url();
+    ride(&ha, &db);
+}
+
+/// The same with a PgBouncer (session mode) in front of each server, as many fleets reach
+/// PostgreSQL: the host list names the two poolers, and `target_session_attrs` is checked
+/// through them.
+#[test]
+fn a_fleet_rides_a_failover_through_a_pgbouncer_per_server() {
+    let Some((bin, _)) = bouncer::pgbouncer() else {
+        return;
+    };
+    let Some(ha) = Ha::start() else { return };
+    let server = |p: u16| format!("postgres://postgres@127.0.0.1:{p}/redrive");
+    let b1 = bouncer::start(&bin, "session", &server(ha.ports.0), "public");
+    let b2 = bouncer::start(&bin, "session", &server(ha.ports.1), "public");
+    let db = format!(
+        "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/redrive?target_session_attrs=read-write",
+        b1.port, b2.port
+    );
+    ride(&ha, &db);
+    drop((b1, b2));
+}
+
+fn ride(ha: &Ha, db: &str) {
+    let db = db.to_owned();
     let n = charges_per_run();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let sim = rt
