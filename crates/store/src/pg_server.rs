@@ -108,72 +108,59 @@ impl Servers {
             .is_some_and(|at| age > at.elapsed())
     }
 
-    /// Tries the hosts in order (standbys first for `prefer-standby`) and returns an open
-    /// connection to the first that suits, recording it as the one in use.
+    /// Tries the hosts in order and returns an open connection to the first that has the
+    /// URL's attributes (only writable ones are accepted, [`PgUrl::parse`]), recording it as
+    /// the one in use.
     ///
     /// # Errors
     /// With one host, that host's own error (refused, bad password…); with several,
     /// [`StoreError::NoServer`] listing what each host was.
     pub(crate) async fn find(&self) -> Result<PgConnection> {
         let hosts = self.url.hosts();
-        let timeout = if hosts.len() == 1 {
-            crate::postgres::CONNECT_TIMEOUT
-        } else {
-            HOST_TIMEOUT
-        };
         let mut tried = Vec::new();
-        let mut fallback = None;
-        for (i, opts) in self.options.iter().enumerate() {
-            let outcome: Result<()> =
-                match tokio::time::timeout(timeout, PgConnection::connect_with(opts)).await {
-                    Err(_) => Err(StoreError::Database(sqlx::Error::Io(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        format!("no connection within {} s", timeout.as_secs()),
-                    )))),
-                    Ok(Err(e)) => Err(StoreError::Database(e)),
-                    Ok(Ok(mut conn)) => {
-                        let attrs = self.url.target();
-                        let verdict = if attrs == SessionAttrs::PreferStandby {
-                            check(&mut conn, SessionAttrs::Standby).await
-                        } else {
-                            check(&mut conn, attrs).await
-                        };
-                        match verdict {
-                            Ok(None) => {
-                                self.use_host(i);
-                                return Ok(conn);
-                            }
-                            Ok(Some(what)) => {
-                                if attrs == SessionAttrs::PreferStandby && fallback.is_none() {
-                                    fallback = Some((i, conn));
-                                } else {
-                                    let _ = conn.close().await;
-                                }
-                                Err(StoreError::Invalid {
-                                    field: "target_session_attrs",
-                                    value: attrs.to_string(),
-                                    reason: format!("{} is {what}", hosts[i]),
-                                })
-                            }
-                            Err(e) => Err(e),
-                        }
-                    }
-                };
-            if let Err(e) = outcome {
-                if hosts.len() == 1 {
-                    return Err(e);
+        for i in 0..hosts.len() {
+            match self.try_host(i).await {
+                Ok(conn) => {
+                    self.use_host(i);
+                    return Ok(conn);
                 }
-                tried.push(format!("{}: {e}", hosts[i]));
+                Err(e) if hosts.len() == 1 => return Err(e),
+                Err(e) => tried.push(format!("{}: {e}", hosts[i])),
             }
-        }
-        if let Some((i, conn)) = fallback {
-            self.use_host(i);
-            return Ok(conn);
         }
         Err(StoreError::NoServer {
             target: self.url.target().to_string(),
             tried: tried.join("; "),
         })
+    }
+
+    /// A connection to host `i` if it answers in time and has the URL's attributes.
+    async fn try_host(&self, i: usize) -> Result<PgConnection> {
+        let timeout = if self.options.len() == 1 {
+            crate::postgres::CONNECT_TIMEOUT
+        } else {
+            HOST_TIMEOUT
+        };
+        let mut conn = tokio::time::timeout(timeout, PgConnection::connect_with(&self.options[i]))
+            .await
+            .map_err(|_| {
+                StoreError::Database(sqlx::Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no connection within {} s", timeout.as_secs()),
+                )))
+            })??;
+        let target = self.url.target();
+        match check(&mut conn, target).await? {
+            None => Ok(conn),
+            Some(what) => {
+                let _ = conn.close().await;
+                Err(StoreError::Invalid {
+                    field: "target_session_attrs",
+                    value: target.to_string(),
+                    reason: format!("{} is {what}", self.url.hosts()[i]),
+                })
+            }
+        }
     }
 
     fn use_host(&self, i: usize) {
